@@ -1,0 +1,1 @@
+"""nanospec-server: SGLang speculative decoding with a dynamic draft vocabulary (NanoSpec)."""
