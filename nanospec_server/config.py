@@ -1,0 +1,54 @@
+"""NanoSpec settings shared by the CLI, the SGLang plugin and the admin layer.
+
+The CLI validates them once and hands them to SGLang's subprocesses through one
+environment variable, because SGLang's ``ServerArgs`` has no room for plugin fields
+and every process it spawns inherits the launcher's environment.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+CONFIG_ENV = "NANOSPEC_CONFIG"
+
+
+class Mode(str, Enum):
+    """How the draft model's LM head is computed."""
+
+    FULL = "full"  # stock EAGLE: the whole vocabulary
+    STATIC = "static"  # FR-Spec: a fixed top-k frequency vocabulary (--speculative-token-map)
+    NANOSPEC = "nanospec"  # dynamic per-request vocabulary, gather overlapped with the backbone
+    CTX_ONLY = "ctx-only"  # ablation: prompt tokens and prefill candidates only
+    EXT_ONLY = "ext-only"  # ablation: draft-tree and verify candidates only
+    SYNC = "sync"  # ablation: dynamic vocabulary, gather on the compute stream
+
+    @property
+    def is_dynamic(self) -> bool:
+        return self not in (Mode.FULL, Mode.STATIC)
+
+
+class NanoSpecConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Mode = Mode.NANOSPEC
+    w_max: int = Field(3072, ge=1, description="window length, in candidate-stream positions")
+    w_cap: int = Field(3072, ge=1, description="capacity fixed at allocation; bounds live W_max")
+    k_pre: int = Field(3, ge=0, le=64, description="target top-k per prompt position")
+    k_ver: int = Field(3, ge=0, le=64, description="target top-k per accepted verify position")
+
+    @model_validator(mode="after")
+    def _w_max_fits(self) -> NanoSpecConfig:
+        if self.w_max > self.w_cap:
+            raise ValueError(f"w_max ({self.w_max}) must not exceed w_cap ({self.w_cap})")
+        return self
+
+    def to_env(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_env(cls) -> NanoSpecConfig:
+        raw = os.environ.get(CONFIG_ENV)
+        return cls.model_validate_json(raw) if raw else cls()

@@ -1,0 +1,56 @@
+"""What this host can run SGLang with, and the environment its CPU path needs.
+
+Everything here must happen before SGLang is imported: its platform detection reads
+``SGLANG_USE_CPU_ENGINE`` at import time, and the processes it spawns inherit the
+environment set here.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Flags that route SGLang's CPU path through attention ops our stand-in provides.
+# `torch_native` alone refuses EAGLE; the split prefill/decode flags survive the AMX check.
+CPU_SERVER_FLAGS: dict[str, str] = {
+    "--device": "cpu",
+    "--attention-backend": "torch_native",
+    "--prefill-attention-backend": "intel_amx",
+    "--decode-attention-backend": "intel_amx",
+}
+
+CPU_ENV_DEFAULTS: dict[str, str] = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    # One thread per process: the scheduler, the tokenizer and the detokenizer otherwise
+    # fight over the cores, and speculative decoding gets about 20x slower on 2 cores.
+    "OMP_NUM_THREADS": "1",
+    # torch.compile costs ~20 s on the first speculative request and gains nothing here.
+    "TORCHDYNAMO_DISABLE": "1",
+}
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def prepare_cpu_environment() -> bool:
+    """Set the CPU path's environment (keeping what the user set) and our sgl_kernel stand-in.
+
+    Returns whether the stand-in was activated (False when a real sgl_kernel loads).
+    """
+    from nanospec_server.sglang_plugin.cpu_shim import activate_shim
+
+    for name, value in CPU_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    return activate_shim()
+
+
+def cpu_flags_missing_from(argv: list[str]) -> list[str]:
+    """The CPU flags the user has not set themselves, as an argv fragment."""
+    given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    extra: list[str] = []
+    for flag, value in CPU_SERVER_FLAGS.items():
+        if flag not in given:
+            extra += [flag, value]
+    return extra

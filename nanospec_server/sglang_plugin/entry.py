@@ -1,0 +1,25 @@
+"""The SGLang plugin entry point (`sglang.srt.plugins` group, see pyproject.toml).
+
+SGLang calls `register` in each of its processes: the launcher, the scheduler, the
+detokenizer and the DP controller. Each piece hooks in only where it belongs.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+logger = logging.getLogger(__name__)
+
+HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
+
+
+def register() -> None:
+    # The HTTP app exists only in the launcher, which has imported the server module by
+    # the time SGLang loads plugins; importing it elsewhere would cost seconds for nothing.
+    http_server = sys.modules.get(HTTP_SERVER_MODULE)
+    if http_server is not None:
+        from nanospec_server.admin.routes import install_routes
+
+        install_routes(http_server.app)
+        logger.info("nanospec: admin routes installed")
