@@ -1,0 +1,46 @@
+"""Torch reference implementations of the ops: they run everywhere and define the semantics.
+
+Index arrays follow the "dump row" convention of nanospec_server.vocab: an entry pointing
+at the last row of the destination is masked out.
+"""
+
+import torch
+from torch import Tensor
+
+
+def scatter_rows(dst: Tensor, dst_rows: Tensor, src: Tensor, src_rows: Tensor) -> None:
+    """``dst[dst_rows[i]] = src[src_rows[i]]`` for every i with dst_rows[i] != len(dst) - 1."""
+    keep = dst_rows != dst.shape[0] - 1
+    if dst.device.type == "cpu":  # compacting costs nothing on CPU: copy only the kept rows
+        index = keep.nonzero().squeeze(1)
+        dst_rows, src_rows = dst_rows[index], src_rows[index]
+    else:  # fixed shapes: masked rows land in the dump row
+        src_rows = torch.where(keep, src_rows, 0)
+    dst.index_copy_(0, dst_rows, src.index_select(0, src_rows).to(dst.dtype))
+
+
+def window_append(
+    ring: Tensor,
+    last_pos: Tensor,
+    slots: Tensor,
+    tokens: Tensor,
+    positions: Tensor,
+    valid: Tensor,
+    in_ring: Tensor,
+) -> None:
+    """Write stream tokens into their slots' rings and raise ``last_pos`` to their positions.
+
+    ring: [S, W_cap + 1] (last column: dump); last_pos: [S, V + 1] int32 (last: dump);
+    tokens, positions, valid, in_ring: [B, L]. ``in_ring`` must not map two tokens of a row
+    to one ring cell.
+    """
+    w_cap, vocab_size = ring.shape[1] - 1, last_pos.shape[1] - 1
+    rows = slots.unsqueeze(1).expand_as(tokens)
+    ring[rows, torch.where(in_ring, positions % w_cap, w_cap)] = tokens
+    flat = rows * last_pos.shape[1] + torch.where(valid, tokens, vocab_size)
+    last_pos.view(-1).scatter_reduce_(0, flat.flatten(), positions.flatten().int(), "amax")
+
+
+def packed_logits(hidden: Tensor, rows: Tensor) -> Tensor:
+    """Logits of ``hidden`` [N, d] against packed LM-head rows [R, d]: [N, R]."""
+    return hidden.to(rows.dtype) @ rows.T

@@ -1,0 +1,165 @@
+"""DynamicVocab: the draft model's LM head restricted to each request's context vocabulary.
+
+Per step, the serving worker calls, for the requests of its batch (``slots``):
+
+    vocab.append(slots, tokens, valid)   # stream candidates, in the documented order
+    vocab.refresh(slots)                 # incremental update of the packed head
+    probs, ids = vocab.topk(hidden, row_slots, k)
+
+See docs/vocab.md for the definition of the active vocabulary and the design.
+"""
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from nanospec_server import ops
+from nanospec_server.vocab.union_head import UnionHead
+from nanospec_server.vocab.window import WindowState
+
+
+class DynamicVocab:
+    def __init__(
+        self,
+        lm_head_weight: Tensor,
+        num_slots: int,
+        w_cap: int = 3072,
+        w_max: int = 3072,
+        always_active: Sequence[int] = (),
+        max_batch: int | None = None,
+        device: torch.device | str | None = None,
+    ):
+        """``max_batch``: most requests holding a window at once (default: every slot but
+        the padding slot 0); it sizes the union buffer to min(V, max_batch * w_cap + pinned).
+        """
+        vocab_size, _ = lm_head_weight.shape
+        self.device = torch.device(device) if device is not None else lm_head_weight.device
+        self.vocab_size, self.w_cap = vocab_size, w_cap
+        self.always_active = sorted(set(always_active))
+        self.set_w_max(w_max)
+        max_batch = max_batch if max_batch is not None else max(num_slots - 1, 1)
+        self.window = WindowState(vocab_size, w_cap, num_slots, self.device)
+        capacity = self.union_capacity(vocab_size, w_cap, max_batch, len(self.always_active))
+        weight = lm_head_weight.to(self.device)
+        self.head = UnionHead(weight, capacity, self.always_active, self.device)
+        self.rows_computed = 0  # LM-head rows multiplied by the last topk
+        self._side_stream, self._refreshed = None, None
+        if self.device.type == "cuda":
+            self._side_stream = torch.cuda.Stream(self.device)
+            self._refreshed = torch.cuda.Event()
+
+    @staticmethod
+    def union_capacity(vocab_size: int, w_cap: int, max_batch: int, num_pinned: int) -> int:
+        return min(vocab_size, max_batch * w_cap + num_pinned)
+
+    # -- per-step path (no host sync on CUDA) -------------------------------------------
+
+    def reset(self, slots: Tensor) -> None:
+        self._wait_for_refresh()
+        slots = slots.to(self.device, torch.int64)
+        self.head.apply(self.window.release(slots))
+        self.window.reset(slots)
+
+    def append(self, slots: Tensor, tokens: Tensor, valid: Tensor | None = None) -> None:
+        self._wait_for_refresh()
+        slots = slots.to(self.device, torch.int64)
+        self.window.append(slots, tokens.to(self.device), _to(valid, self.device))
+
+    def set_w_max(self, w: int) -> None:
+        if not 1 <= w <= self.w_cap:
+            raise ValueError(f"w_max must be in [1, {self.w_cap}], got {w}")
+        self.w_max = int(w)
+
+    def refresh(self, slots: Tensor) -> None:
+        """Apply these slots' window changes to the packed head.
+
+        On CUDA this runs on a side stream, concurrently with whatever the caller launches
+        next (the draft backbone); ``topk`` waits for it right before the LM head. The
+        fork/join is plain stream/event ordering, so it can be captured in a CUDA graph.
+        """
+        slots = slots.to(self.device, torch.int64)
+        if self._side_stream is None:
+            self.head.apply(self.window.refresh(slots, self.w_max))
+            return
+        caller = torch.cuda.current_stream(self.device)
+        self._side_stream.wait_stream(caller)
+        with torch.cuda.stream(self._side_stream):
+            self.head.apply(self.window.refresh(slots, self.w_max))
+            self._refreshed.record(self._side_stream)
+        slots.record_stream(self._side_stream)
+
+    def topk(self, hidden: Tensor, row_slots: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """Top-k of softmax over each row's active vocabulary: (probs [N, k], global ids)."""
+        self._wait_for_refresh()
+        head, in_set = self.head, self.window.in_set
+        # CPU: read the live row count (free there). CUDA: keep shapes fixed for graphs.
+        rows = int(head.count) if self.device.type == "cpu" else head.capacity
+        self.rows_computed = rows
+        ids = head.ids[:rows]
+        logits = ops.packed_logits(hidden, head.buf[:rows]).float()
+        row_base = row_slots.to(self.device, torch.int64).unsqueeze(1) * in_set.shape[1]
+        allowed = in_set.view(-1)[row_base + ids.clamp(min=0)] & (ids >= 0)
+        allowed |= torch.arange(rows, device=self.device) < head.num_pinned
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        if rows < k:  # fewer rows than k: pad with impossible entries
+            logits = torch.nn.functional.pad(logits, (0, k - rows), value=float("-inf"))
+            ids = torch.nn.functional.pad(ids, (0, k - rows), value=-1)
+        # A row with no active token at all (e.g. the padding slot) gets all-zero probs.
+        probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+        top_probs, top_rows = probs.topk(k, dim=-1)
+        # Impossible entries may land on free rows (id -1): any valid id will do, prob 0.
+        return top_probs, ids[top_rows].clamp(min=0)
+
+    # -- statistics ---------------------------------------------------------------------
+
+    def active_size(self, slots: Tensor) -> Tensor:
+        """|I| per slot: distinct tokens of the current window, plus always-active ones."""
+        slots = slots.to(self.device, torch.int64)
+        _, in_window = self.window.window_tokens(slots, self.w_max)
+        size = in_window.sum(1)
+        if self.always_active:
+            pinned = torch.tensor(self.always_active, device=self.device)
+            pinned_in_window = self.window.contains(
+                slots, pinned.expand(len(slots), -1), self.w_max
+            )
+            size += len(self.always_active) - pinned_in_window.sum(1)
+        return size
+
+    def stream_length(self, slots: Tensor) -> Tensor:
+        return self.window.length[slots.to(self.device, torch.int64)].clone()
+
+    def contains(self, slots: Tensor, tokens: Tensor) -> Tensor:
+        """Membership of ``tokens[b, :]`` in the current active set of ``slots[b]``."""
+        slots, tokens = slots.to(self.device, torch.int64), tokens.to(self.device, torch.int64)
+        found = self.window.contains(slots, tokens, self.w_max)
+        if self.always_active:
+            found |= torch.isin(tokens, torch.tensor(self.always_active, device=self.device))
+        return found
+
+    def nbytes(self) -> int:
+        return self.window.nbytes() + self.head.nbytes()
+
+    @staticmethod
+    def state_bytes(
+        vocab_size: int,
+        w_cap: int,
+        num_slots: int,
+        hidden: int,
+        element_size: int = 2,
+        max_batch: int | None = None,
+        num_pinned: int = 0,
+    ) -> int:
+        """Device bytes of a DynamicVocab (``element_size``: bytes of the head's dtype)."""
+        max_batch = max_batch if max_batch is not None else max(num_slots - 1, 1)
+        capacity = DynamicVocab.union_capacity(vocab_size, w_cap, max_batch, num_pinned)
+        window = num_slots * WindowState.bytes_per_slot(vocab_size, w_cap)
+        return window + UnionHead.bytes_for(vocab_size, capacity, hidden, element_size)
+
+    def _wait_for_refresh(self) -> None:
+        if self._refreshed is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._refreshed)
+
+
+def _to(tensor: Tensor | None, device: torch.device) -> Tensor | None:
+    return None if tensor is None else tensor.to(device)
