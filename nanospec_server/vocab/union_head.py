@@ -53,7 +53,8 @@ class UnionHead:
 
     @staticmethod
     def bytes_for(vocab_size: int, capacity: int, hidden: int, element_size: int) -> int:
-        return (capacity + 1) * (hidden * element_size + 8) + (vocab_size + 1) * (8 + 4 + 8)
+        rows = (capacity + 1) * (hidden * element_size + 8)  # buf, ids
+        return rows + (vocab_size + 1) * (8 + 4 + 8) + 8  # row_of, ref, owner; count
 
     def nbytes(self) -> int:
         tensors = (self.buf, self.ids, self.row_of, self.ref, self.owner, self.count)

@@ -81,7 +81,7 @@ class WindowState:
         if valid is None:
             valid = torch.ones_like(tokens, dtype=torch.bool)
         offset = valid.cumsum(1) - 1  # rank of each valid token within its row
-        count = offset[:, -1:] + 1 if tokens.shape[1] else torch.zeros_like(tokens[:, :1])
+        count = valid.sum(1, keepdim=True)
         positions = self.length[slots].unsqueeze(1) + offset
         # Only a row's last W_cap tokens can reach the ring; dropping the rest avoids two
         # writes to one ring cell (whose winner would be unspecified).

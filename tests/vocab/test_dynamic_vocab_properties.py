@@ -1,0 +1,94 @@
+"""Property tests: DynamicVocab against the naive definition (tests/vocab/vocab_oracle.py).
+
+Random batches of appends (with masks), refreshes, resets (slot reuse) and W_max changes
+over a few slots; after every refresh the active sets, the union buffer, the statistics
+and topk must agree with the oracle.
+"""
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from vocab_checks import check_contains, check_state, check_topk
+from vocab_oracle import NaiveVocab
+
+from nanospec_server.vocab import DynamicVocab
+
+HIDDEN, SLOTS = 8, 5
+# Vocabulary sizes that are multiples of nothing nice; 101 makes the union capacity
+# (4 requests x W_cap + pinned) smaller than V, so a tight buffer is exercised too.
+VOCABS = (37, 101)
+
+
+def operation(w_cap: int):
+    slots = st.lists(st.integers(1, SLOTS - 1), min_size=1, max_size=3, unique=True)
+    rows = st.integers(0, 2 * w_cap)
+    append = st.tuples(st.just("append"), slots, rows, st.data())
+    return st.one_of(
+        append,
+        append,
+        st.tuples(st.just("refresh"), slots),
+        st.tuples(st.just("reset"), slots),
+        st.tuples(st.just("w_max"), st.integers(1, w_cap)),
+        st.tuples(st.just("topk"), slots, st.integers(1, 6)),
+    )
+
+
+@st.composite
+def scenarios(draw):
+    vocab_size = draw(st.sampled_from(VOCABS))
+    # Few distinct tokens make duplicate-heavy streams.
+    distinct = draw(st.sampled_from([3, vocab_size]))
+    w_cap = draw(st.integers(1, 12))
+    w_max = draw(st.integers(1, w_cap))
+    pinned = draw(st.lists(st.integers(0, vocab_size - 1), max_size=2, unique=True))
+    ops = draw(st.lists(operation(w_cap), min_size=1, max_size=25))
+    return vocab_size, distinct, w_cap, w_max, pinned, ops
+
+
+@settings(max_examples=120, deadline=None)
+@given(scenarios(), st.integers(0, 2**16))
+def test_matches_the_definition(scenario, seed):
+    vocab_size, distinct, w_cap, w_max, pinned, ops = scenario
+    weight = torch.randn(vocab_size, HIDDEN, generator=torch.Generator().manual_seed(seed))
+    vocab = DynamicVocab(weight, SLOTS, w_cap=w_cap, w_max=w_max, always_active=pinned)
+    naive = NaiveVocab(w_max, pinned)
+    for op in ops:
+        kind, *args = op
+        if kind == "append":
+            slots, length, data = args
+            tokens = data.draw(
+                st.lists(
+                    st.lists(st.integers(0, distinct - 1), min_size=length, max_size=length),
+                    min_size=len(slots),
+                    max_size=len(slots),
+                )
+            )
+            valid = data.draw(
+                st.lists(
+                    st.lists(st.booleans(), min_size=length, max_size=length),
+                    min_size=len(slots),
+                    max_size=len(slots),
+                )
+            )
+            tokens_t = torch.tensor(tokens, dtype=torch.int64).view(len(slots), length)
+            valid_t = torch.tensor(valid, dtype=torch.bool).view(len(slots), length)
+            vocab.append(torch.tensor(slots), tokens_t, valid_t)
+            for slot, row, mask in zip(slots, tokens, valid, strict=True):
+                naive.append(slot, [t for t, keep in zip(row, mask, strict=True) if keep])
+        elif kind == "refresh":
+            vocab.refresh(torch.tensor(args[0]))
+            for slot in args[0]:
+                naive.refresh(slot)
+            check_state(vocab, naive, list(range(1, SLOTS)))
+        elif kind == "reset":
+            vocab.reset(torch.tensor(args[0]))
+            for slot in args[0]:
+                naive.reset(slot)
+            check_state(vocab, naive, list(range(1, SLOTS)))
+        elif kind == "w_max":
+            vocab.set_w_max(args[0])
+            naive.w_max = args[0]
+        else:
+            slots, k = args
+            check_topk(vocab, naive, slots, k, seed)
+        check_contains(vocab, naive, list(range(SLOTS)))

@@ -1,0 +1,61 @@
+"""Comparisons of a DynamicVocab against the naive oracle, shared by the tests."""
+
+import torch
+from vocab_oracle import NaiveVocab
+
+from nanospec_server.vocab import DynamicVocab
+
+
+def check_state(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int]) -> None:
+    """Window sets, union buffer invariants and statistics agree with the oracle."""
+    index = torch.tensor(slots)
+    members = vocab.window.members[index, : vocab.w_cap]
+    for row, slot in enumerate(slots):
+        drafted = {int(t) for t in members[row] if t >= 0} | naive.always_active
+        assert drafted == naive.drafting.get(slot, set()) | naive.always_active
+    sizes = vocab.active_size(index).tolist()
+    assert sizes == [len(naive.active(s)) for s in slots]
+    assert vocab.stream_length(index).tolist() == [len(naive.streams.get(s, [])) for s in slots]
+
+    head = vocab.head
+    count = int(head.count)
+    ids = head.ids[:count].tolist()
+    assert len(set(ids)) == count and set(ids) == naive.union()
+    assert (head.ids[count:] == -1).all()
+    assert head.row_of[torch.tensor(ids, dtype=torch.int64)].tolist() == list(range(count))
+    assert int((head.row_of >= 0).sum()) == count
+    torch.testing.assert_close(
+        head.buf[:count], head.weight[torch.tensor(ids, dtype=torch.int64)].to(head.buf.dtype)
+    )
+
+
+def check_contains(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int]) -> None:
+    probe = torch.arange(vocab.vocab_size).expand(len(slots), -1)
+    found = vocab.contains(torch.tensor(slots), probe)
+    for row, slot in enumerate(slots):
+        assert {int(t) for t in probe[row][found[row]]} == naive.active(slot)
+
+
+def check_topk(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int], k: int, seed: int) -> None:
+    """topk equals softmax over the full head with non-drafting tokens masked, then top-k."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = vocab.head.weight
+    row_slots = torch.tensor(slots).repeat_interleave(2)  # two tree rows per request
+    hidden = torch.randn(len(row_slots), weight.shape[1], generator=generator)
+    probs, ids = vocab.topk(hidden, row_slots, k)
+    assert probs.shape == ids.shape == (len(row_slots), k)
+    assert ((ids >= 0) & (ids < vocab.vocab_size)).all()
+    full = (hidden @ weight.T).float()
+    for row, slot in enumerate(row_slots.tolist()):
+        active = sorted(naive.drafting.get(slot, set()) | naive.always_active)
+        mask = torch.full_like(full[row], float("-inf"))
+        mask[active] = 0.0
+        expected = torch.softmax(full[row] + mask, -1).nan_to_num(0.0)
+        values, expected_ids = expected.topk(k)
+        torch.testing.assert_close(probs[row], values, atol=1e-5, rtol=1e-4)
+        # Ids are compared where the oracle has no near-tie; each id's prob must match.
+        torch.testing.assert_close(expected[ids[row]], probs[row], atol=1e-5, rtol=1e-4)
+        live = min(k, len(active))
+        gaps = values[:live].diff().abs()
+        if live and (gaps > 1e-4).all():
+            assert ids[row, :live].tolist() == expected_ids[:live].tolist()
