@@ -62,7 +62,7 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
             "tiny-eagle",
             ModelKind.EAGLE,
             DRAFT_SHAPE,
-            "Random-init 1-layer EAGLE draft for tiny-target: acceptance is low but real.",
+            "Random-init 1-layer EAGLE draft for tiny-target: loads and runs, drafts are almost never accepted.",
             target="tiny-target",
         ),
         TinyModelSpec(
