@@ -1,14 +1,15 @@
 """Device ops behind plain function names.
 
-CPU tensors use the torch reference (``reference.py``). CUDA tensors use the CUDA C++
-extension built from ``kernels/`` on first use, falling back to Triton, then to the
-reference if a build fails. ``NANOSPEC_OPS=reference|triton|cuda`` forces a backend.
+CUDA tensors use the CUDA C++ extension built from ``kernels/`` on first use, falling back
+to Triton, then to the torch reference (``reference.py``) if a build fails. CPU tensors use
+the C++ loops of ``kernels/vocab_cpu.cpp`` where they apply, else the reference.
+``NANOSPEC_OPS=reference|cpu|triton|cuda`` allows only that backend (plus the reference).
 """
 
 from torch import Tensor
 
 from nanospec_server.ops import reference
-from nanospec_server.ops.backend import cuda_ops, triton_ops
+from nanospec_server.ops.backend import cpu_ops, cuda_ops, triton_ops
 
 
 def scatter_rows(dst: Tensor, dst_rows: Tensor, src: Tensor, src_rows: Tensor) -> None:
@@ -42,4 +43,12 @@ def packed_logits(hidden: Tensor, rows: Tensor) -> Tensor:
     return reference.packed_logits(hidden, rows)
 
 
-__all__ = ["scatter_rows", "window_append", "packed_logits"]
+def cpu_vocab_kernels(window, head):
+    """Fused C++ append/refresh for a CPU (window, head) pair, or None where they do not
+    apply (CUDA tensors, mixed dtypes, no compiler, or another backend forced)."""
+    if (cpu := cpu_ops()) is None or not cpu.CpuVocabKernels.applies(window, head):
+        return None
+    return cpu.CpuVocabKernels(window, head)
+
+
+__all__ = ["scatter_rows", "window_append", "packed_logits", "cpu_vocab_kernels"]

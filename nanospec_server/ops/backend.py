@@ -37,3 +37,18 @@ def triton_ops() -> ModuleType | None:
         return triton_kernels
     except ImportError:
         return None
+
+
+@functools.cache
+def cpu_ops() -> ModuleType | None:
+    """The C++ CPU fast path, or None (forced off, or no compiler: warned once)."""
+    if _forced() not in (None, "cpu"):
+        return None
+    from nanospec_server.ops import cpu_kernels
+
+    try:
+        cpu_kernels.library()
+        return cpu_kernels
+    except Exception as error:
+        warnings.warn(f"nanospec CPU kernels unavailable, using torch: {error}", stacklevel=2)
+        return None

@@ -44,6 +44,8 @@ class DynamicVocab:
         weight = lm_head_weight.to(self.device)
         self.head = UnionHead(weight, capacity, self.always_active, self.device)
         self.rows_computed = 0  # LM-head rows multiplied by the last topk
+        # CPU: the same state transitions as fused C++ loops (None: the torch path).
+        self._cpu = ops.cpu_vocab_kernels(self.window, self.head)
         self._side_stream, self._refreshed = None, None
         if self.device.type == "cuda":
             self._side_stream = torch.cuda.Stream(self.device)
@@ -57,14 +59,20 @@ class DynamicVocab:
 
     def reset(self, slots: Tensor) -> None:
         self._wait_for_refresh()
-        slots = slots.to(self.device, torch.int64)
-        self.head.apply(self.window.release(slots))
+        slots = slots.to(self.device, torch.int64).contiguous()
+        if self._cpu is not None:
+            self._cpu.refresh(slots, self.w_max, release=True)
+        else:
+            self.head.apply(self.window.release(slots))
         self.window.reset(slots)
 
     def append(self, slots: Tensor, tokens: Tensor, valid: Tensor | None = None) -> None:
         self._wait_for_refresh()
-        slots = slots.to(self.device, torch.int64)
-        self.window.append(slots, tokens.to(self.device), _to(valid, self.device))
+        slots, tokens = slots.to(self.device, torch.int64), tokens.to(self.device)
+        if self._cpu is not None:
+            self._cpu.append(slots.contiguous(), tokens, _to(valid, self.device))
+        else:
+            self.window.append(slots, tokens, _to(valid, self.device))
 
     def set_w_max(self, w: int) -> None:
         if not 1 <= w <= self.w_cap:
@@ -78,9 +86,12 @@ class DynamicVocab:
         next (the draft backbone); ``topk`` waits for it right before the LM head. The
         fork/join is plain stream/event ordering, so it can be captured in a CUDA graph.
         """
-        slots = slots.to(self.device, torch.int64)
+        slots = slots.to(self.device, torch.int64).contiguous()
         if self._side_stream is None:
-            self.head.apply(self.window.refresh(slots, self.w_max))
+            if self._cpu is not None:
+                self._cpu.refresh(slots, self.w_max)
+            else:
+                self.head.apply(self.window.refresh(slots, self.w_max))
             return
         caller = torch.cuda.current_stream(self.device)
         self._side_stream.wait_stream(caller)

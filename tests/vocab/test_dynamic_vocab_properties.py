@@ -5,10 +5,11 @@ over a few slots; after every refresh the active sets, the union buffer, the sta
 and topk must agree with the oracle.
 """
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vocab_checks import check_contains, check_state, check_topk
+from vocab_checks import check_contains, check_state, check_topk, ops_backend
 from vocab_oracle import NaiveVocab
 
 from nanospec_server.vocab import DynamicVocab
@@ -45,9 +46,15 @@ def scenarios(draw):
     return vocab_size, distinct, w_cap, w_max, pinned, ops
 
 
-@settings(max_examples=120, deadline=None)
-@given(scenarios(), st.integers(0, 2**16))
-def test_matches_the_definition(scenario, seed):
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@settings(max_examples=100, deadline=None)
+@given(scenario=scenarios(), seed=st.integers(0, 2**16))
+def test_matches_the_definition(backend, scenario, seed):
+    with ops_backend(backend):
+        run_scenario(scenario, seed)
+
+
+def run_scenario(scenario, seed):
     vocab_size, distinct, w_cap, w_max, pinned, ops = scenario
     weight = torch.randn(vocab_size, HIDDEN, generator=torch.Generator().manual_seed(seed))
     vocab = DynamicVocab(weight, SLOTS, w_cap=w_cap, w_max=w_max, always_active=pinned)

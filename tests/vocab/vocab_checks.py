@@ -1,8 +1,13 @@
 """Comparisons of a DynamicVocab against the naive oracle, shared by the tests."""
 
+import contextlib
+import os
+
+import pytest
 import torch
 from vocab_oracle import NaiveVocab
 
+from nanospec_server.ops import backend as backends
 from nanospec_server.vocab import DynamicVocab
 
 
@@ -61,3 +66,24 @@ def check_topk(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int], k: int,
         gaps = values[:live].diff().abs()
         if live and (gaps > 1e-4).all():
             assert ids[row, :live].tolist() == expected_ids[:live].tolist()
+
+
+@contextlib.contextmanager
+def ops_backend(name: str):
+    """Run with only this ops backend (plus the torch reference) enabled."""
+    caches = (backends.cpu_ops, backends.cuda_ops, backends.triton_ops)
+    previous = os.environ.get("NANOSPEC_OPS")
+    os.environ["NANOSPEC_OPS"] = name
+    for cache in caches:
+        cache.cache_clear()
+    try:
+        if name == "cpu" and backends.cpu_ops() is None:
+            pytest.skip("the C++ CPU kernels could not be built")
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("NANOSPEC_OPS")
+        else:
+            os.environ["NANOSPEC_OPS"] = previous
+        for cache in caches:
+            cache.cache_clear()

@@ -1,0 +1,91 @@
+"""The CPU fast path (``kernels/vocab_cpu.cpp``), built with the system C++ compiler.
+
+The source has no torch headers, so it builds in about a second; the shared library is
+cached by source hash under ``$NANOSPEC_CACHE`` (default ``~/.cache/nanospec``) and called
+through ctypes. State tensors never move, so their pointers are taken once.
+"""
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from nanospec_server.ops.build import KERNEL_DIR
+
+SOURCE = KERNEL_DIR / "vocab_cpu.cpp"
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if compiler is None:
+        raise FileNotFoundError("no C++ compiler")
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    cache = Path(os.environ.get("NANOSPEC_CACHE", Path.home() / ".cache" / "nanospec"))
+    target = cache / f"vocab_cpu-{digest}.so"
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.tmp")  # atomic for concurrent builds
+        command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", str(SOURCE), "-o"]
+        subprocess.run([*command, str(partial)], check=True, capture_output=True)
+        partial.rename(target)
+    lib = ctypes.CDLL(str(target))
+    lib.nanospec_append.restype = ctypes.c_int64
+    return lib
+
+
+def _ptr(tensor: Tensor) -> ctypes.c_void_p:
+    assert tensor.is_contiguous() and tensor.device.type == "cpu"
+    return ctypes.c_void_p(tensor.data_ptr())
+
+
+def _int(value: int) -> ctypes.c_int64:
+    return ctypes.c_int64(value)
+
+
+class CpuVocabKernels:
+    """WindowState.append and WindowState.refresh/release + UnionHead.apply, fused in C++,
+    for one (window, head) pair."""
+
+    def __init__(self, window, head):
+        self.lib = library()
+        element = head.buf.element_size()
+        sizes = (_int(window.w_cap), _int(window.vocab_size))
+        self.append_state = (_ptr(window.ring), _ptr(window.length), _ptr(window.last_pos))
+        self.append_state += sizes
+        self.refresh_state = (
+            _ptr(window.ring), _ptr(window.length), _ptr(window.last_pos),
+            _ptr(window.members), _ptr(window.in_set), _ptr(head.ids), _ptr(head.row_of),
+            _ptr(head.ref), _ptr(head.count), _ptr(head.buf), _int(head.buf.stride(0) * element),
+            _ptr(head.weight), _int(head.weight.stride(0) * element),
+            _int(head.buf.shape[1] * element),
+        )  # fmt: skip
+        self.sizes = sizes
+
+    @staticmethod
+    def applies(window, head) -> bool:
+        """CPU tensors, one dtype for weight and buffer, dense rows."""
+        weight, buf = head.weight, head.buf
+        return buf.device.type == "cpu" and weight.dtype == buf.dtype and weight.is_contiguous()
+
+    def append(self, slots: Tensor, tokens: Tensor, valid: Tensor | None) -> None:
+        tokens = tokens.to(torch.int64).contiguous()
+        valid_ptr = None if valid is None else _ptr(valid.to(torch.bool).contiguous())
+        batch, cols = tokens.shape
+        invalid = self.lib.nanospec_append(
+            _int(batch), _int(cols), _ptr(slots), _ptr(tokens), valid_ptr, *self.append_state
+        )
+        if invalid:
+            raise IndexError(f"{invalid} appended token ids are outside [0, vocab_size)")
+
+    def refresh(self, slots: Tensor, w_max: int, release: bool = False) -> None:
+        self.lib.nanospec_refresh(
+            _int(len(slots)), _ptr(slots), _int(w_max), *self.sizes, ctypes.c_bool(release),
+            *self.refresh_state,
+        )  # fmt: skip
