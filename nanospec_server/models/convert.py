@@ -18,6 +18,13 @@ from nanospec_server.models.errors import ConversionError
 
 MARKER_NAME = "nanospec_source.json"
 TARGET_DTYPE = "bfloat16"
+# Bump when the conversion changes, so checkpoints written by an older one are redone.
+CONVERTER_VERSION = 2
+# GGUF flags that transformers' GGUF tokenizer loader ignores, and the tokenizer attribute for each
+SPECIAL_TOKEN_FLAGS = {
+    "tokenizer.ggml.add_bos_token": "add_bos_token",
+    "tokenizer.ggml.add_eos_token": "add_eos_token",
+}
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,11 @@ def read_marker(hf_dir: Path) -> dict | None:
 
 def is_converted(hf_dir: Path, source_sha256: str) -> bool:
     marker = read_marker(hf_dir)
-    return marker is not None and marker.get("source_sha256") == source_sha256
+    return (
+        marker is not None
+        and marker.get("source_sha256") == source_sha256
+        and marker.get("converter_version") == CONVERTER_VERSION
+    )
 
 
 def convert_gguf_to_hf(
@@ -84,12 +95,28 @@ def _load_tokenizer(gguf_path: Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     # transformers raises plain ValueError/KeyError for files it does not support
     except Exception as error:
         raise ConversionError(
             f"transformers cannot read the tokenizer of {gguf_path.name}: {error}"
         ) from error
+    _apply_special_token_flags(tokenizer, gguf_path)
+    return tokenizer
+
+
+def _apply_special_token_flags(tokenizer, gguf_path: Path) -> None:
+    """Honour the file's add-BOS/EOS flags (Gemma needs its BOS; the loader drops the flag)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    for key, attribute in SPECIAL_TOKEN_FLAGS.items():
+        field = reader.get_field(key)
+        if field is None:
+            continue
+        wanted = bool(field.contents())
+        if getattr(tokenizer, attribute, None) != wanted:
+            setattr(tokenizer, attribute, wanted)
 
 
 def _load_dense_model(gguf_path: Path):
@@ -146,6 +173,7 @@ def _write_marker(staging: Path, gguf_path: Path, source_sha256: str, shape: Mod
     marker = {
         "source_sha256": source_sha256,
         "source_file": gguf_path.name,
+        "converter_version": CONVERTER_VERSION,
         "dtype": TARGET_DTYPE,
         "vocab_size": shape.vocab_size,
         "hidden_size": shape.hidden_size,

@@ -198,7 +198,9 @@ def test_prepare_converts_to_loadable_bf16_safetensors_once(setup, tiny: TinyGgu
     assert torch.isfinite(logits).all()
 
     tokenizer = AutoTokenizer.from_pretrained(paths.hf_dir)
-    assert tokenizer.decode(tokenizer("hello world")["input_ids"]) == "hello world"
+    ids = tokenizer("hello world")["input_ids"]
+    assert ids[0] == tiny.bos_token_id  # the file's add_bos_token flag survives the conversion
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "hello world"
 
     registry.requested.clear()
     again = prepare_spec(

@@ -21,6 +21,7 @@ SPECIAL_TOKENS = ["<s>", "</s>"]
 class TinyGguf:
     path: Path
     vocab_size: int
+    bos_token_id: int
     embeddings: np.ndarray  # what `token_embd.weight` holds, in (vocab, hidden) order
 
 
@@ -65,6 +66,7 @@ def write_tiny_llama_gguf(path: Path, seed: int = 0) -> TinyGguf:
     writer.add_token_merges(MERGES)
     writer.add_bos_token_id(vocab - 2)
     writer.add_eos_token_id(vocab - 1)
+    writer.add_add_bos_token(True)
 
     embeddings = weight(vocab, HIDDEN)
     writer.add_tensor("token_embd.weight", embeddings)
@@ -86,7 +88,7 @@ def write_tiny_llama_gguf(path: Path, seed: int = 0) -> TinyGguf:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return TinyGguf(path, vocab, embeddings)
+    return TinyGguf(path, vocab, vocab - 2, embeddings)
 
 
 def _add_q8_0(writer: gguf.GGUFWriter, name: str, data: np.ndarray) -> None:
