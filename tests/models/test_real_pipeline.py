@@ -208,6 +208,7 @@ def test_prepare_converts_to_loadable_bf16_safetensors_once(setup, tiny: TinyGgu
     )
     assert registry.requested == []
     assert again.convert_seconds == 0.0
+    assert not paths.wheels_dir.exists()  # deleted on request even when nothing else was to do
 
 
 def test_keep_wheels_false_deletes_the_wheels(setup) -> None:
