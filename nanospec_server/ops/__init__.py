@@ -39,8 +39,16 @@ def window_append(
     reference.window_append(*args)
 
 
-def packed_logits(hidden: Tensor, rows: Tensor) -> Tensor:
-    return reference.packed_logits(hidden, rows)
+def packed_logits(hidden: Tensor, rows: Tensor, count: Tensor) -> Tensor:
+    """float32 logits of ``hidden`` [N, d] against ``rows[:count]``, -inf past ``count``."""
+    if rows.is_cuda and (tri := triton_ops()) is not None:
+        return tri.packed_logits(hidden, rows, count)
+    return reference.packed_logits(hidden, rows, count)
+
+
+def packed_logits_reads_live_rows_only(rows: Tensor) -> bool:
+    """Whether ``packed_logits`` skips the rows past ``count`` (else it reads all of them)."""
+    return rows.is_cuda and triton_ops() is not None
 
 
 def cpu_vocab_kernels(window, head):
@@ -51,4 +59,10 @@ def cpu_vocab_kernels(window, head):
     return cpu.CpuVocabKernels(window, head)
 
 
-__all__ = ["scatter_rows", "window_append", "packed_logits", "cpu_vocab_kernels"]
+__all__ = [
+    "scatter_rows",
+    "window_append",
+    "packed_logits",
+    "packed_logits_reads_live_rows_only",
+    "cpu_vocab_kernels",
+]

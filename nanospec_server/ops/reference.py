@@ -41,6 +41,9 @@ def window_append(
     last_pos.view(-1).scatter_reduce_(0, flat.flatten(), positions.flatten().int(), "amax")
 
 
-def packed_logits(hidden: Tensor, rows: Tensor) -> Tensor:
-    """Logits of ``hidden`` [N, d] against packed LM-head rows [R, d]: [N, R]."""
-    return hidden.to(rows.dtype) @ rows.T
+def packed_logits(hidden: Tensor, rows: Tensor, count: Tensor) -> Tensor:
+    """float32 logits [N, R] of ``hidden`` [N, d] against ``rows`` [R, d]; -inf from row
+    ``count`` (a 1-element tensor) on. Multiplies all R rows: slice first where R is known."""
+    logits = (hidden.to(rows.dtype) @ rows.T).float()
+    dead = torch.arange(rows.shape[0], device=rows.device) >= count
+    return logits.masked_fill(dead, float("-inf"))

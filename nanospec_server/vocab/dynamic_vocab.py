@@ -43,7 +43,7 @@ class DynamicVocab:
         capacity = self.union_capacity(vocab_size, w_cap, max_batch, len(self.always_active))
         weight = lm_head_weight.to(self.device)
         self.head = UnionHead(weight, capacity, self.always_active, self.device)
-        self.rows_computed = 0  # LM-head rows multiplied by the last topk
+        self._rows_read: Tensor | int = 0
         # CPU: the same state transitions as fused C++ loops (None: the torch path).
         self._cpu = ops.cpu_vocab_kernels(self.window, self.head)
         self._side_stream, self._refreshed = None, None
@@ -104,11 +104,13 @@ class DynamicVocab:
         """Top-k of softmax over each row's active vocabulary: (probs [N, k], global ids)."""
         self._wait_for_refresh()
         head, in_set = self.head, self.window.in_set
-        # CPU: read the live row count (free there). CUDA: keep shapes fixed for graphs.
+        # CPU: slice to the live rows (reading the count is free there). CUDA: fixed shapes
+        # for graphs; the Triton kernel skips the rows past the count on the device.
         rows = int(head.count) if self.device.type == "cpu" else head.capacity
-        self.rows_computed = rows
-        ids = head.ids[:rows]
-        logits = ops.packed_logits(hidden, head.buf[:rows]).float()
+        buf, ids = head.buf[:rows], head.ids[:rows]
+        logits = ops.packed_logits(hidden, buf, head.count)
+        live_only = self.device.type == "cpu" or ops.packed_logits_reads_live_rows_only(buf)
+        self._rows_read = head.count.clone() if live_only else rows
         row_base = row_slots.to(self.device, torch.int64).unsqueeze(1) * in_set.shape[1]
         allowed = in_set.view(-1)[row_base + ids.clamp(min=0)] & (ids >= 0)
         allowed |= torch.arange(rows, device=self.device) < head.num_pinned
@@ -123,6 +125,11 @@ class DynamicVocab:
         return top_probs, ids[top_rows].clamp(min=0)
 
     # -- statistics ---------------------------------------------------------------------
+
+    @property
+    def rows_computed(self) -> int:
+        """LM-head rows the last topk read (on CUDA this reads a device value: stats only)."""
+        return int(self._rows_read)
 
     def active_size(self, slots: Tensor) -> Tensor:
         """|I| per slot: distinct tokens of the current window, plus always-active ones."""

@@ -72,6 +72,8 @@ def test_triton_kernels_match_the_reference_in_the_interpreter():
         "a, b = append_case(), append_case()\n"
         "tk.window_append(*a); reference.window_append(*b)\n"
         "assert torch.equal(a[0][:, :-1], b[0][:, :-1]) and torch.equal(a[1][:, :-1], b[1][:, :-1])\n"
+        "h, w, c = torch.randn(5, 70), torch.randn(150, 70), torch.tensor([97])\n"
+        "torch.testing.assert_close(tk.packed_logits(h, w, c), reference.packed_logits(h, w, c))\n"
     )
 
 
@@ -97,3 +99,10 @@ def test_gpu_kernels_match_the_reference(backend, dtype):
     kernels.window_append(*a)
     reference.window_append(*b)
     assert torch.equal(a[0][:, :-1], b[0][:, :-1]) and torch.equal(a[1][:, :-1], b[1][:, :-1])
+    if backend == "triton":
+        hidden = torch.randn(24, 96, device="cuda", dtype=dtype)
+        rows = torch.randn(300, 96, device="cuda", dtype=dtype)
+        count = torch.tensor([211], device="cuda")
+        expected = reference.packed_logits(hidden, rows, count)
+        actual = kernels.packed_logits(hidden, rows, count)
+        torch.testing.assert_close(actual, expected, atol=0.05, rtol=0.02)

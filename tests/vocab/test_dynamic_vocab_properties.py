@@ -54,10 +54,17 @@ def test_matches_the_definition(backend, scenario, seed):
         run_scenario(scenario, seed)
 
 
-def run_scenario(scenario, seed):
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+@settings(max_examples=30, deadline=None)
+@given(scenario=scenarios(), seed=st.integers(0, 2**16))
+def test_matches_the_definition_on_cuda(scenario, seed):
+    run_scenario(scenario, seed, device="cuda")
+
+
+def run_scenario(scenario, seed, device="cpu"):
     vocab_size, distinct, w_cap, w_max, pinned, ops = scenario
     weight = torch.randn(vocab_size, HIDDEN, generator=torch.Generator().manual_seed(seed))
-    vocab = DynamicVocab(weight, SLOTS, w_cap=w_cap, w_max=w_max, always_active=pinned)
+    vocab = DynamicVocab(weight.to(device), SLOTS, w_cap=w_cap, w_max=w_max, always_active=pinned)
     naive = NaiveVocab(w_max, pinned)
     for op in ops:
         kind, *args = op

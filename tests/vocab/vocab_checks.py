@@ -14,7 +14,7 @@ from nanospec_server.vocab import DynamicVocab
 def check_state(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int]) -> None:
     """Window sets, union buffer invariants and statistics agree with the oracle."""
     index = torch.tensor(slots)
-    members = vocab.window.members[index, : vocab.w_cap]
+    members = vocab.window.members[index.to(vocab.device), : vocab.w_cap].cpu()
     for row, slot in enumerate(slots):
         drafted = {int(t) for t in members[row] if t >= 0} | naive.always_active
         assert drafted == naive.drafting.get(slot, set()) | naive.always_active
@@ -36,7 +36,7 @@ def check_state(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int]) -> Non
 
 def check_contains(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int]) -> None:
     probe = torch.arange(vocab.vocab_size).expand(len(slots), -1)
-    found = vocab.contains(torch.tensor(slots), probe)
+    found = vocab.contains(torch.tensor(slots), probe).cpu()
     for row, slot in enumerate(slots):
         assert {int(t) for t in probe[row][found[row]]} == naive.active(slot)
 
@@ -44,10 +44,10 @@ def check_contains(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int]) -> 
 def check_topk(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int], k: int, seed: int) -> None:
     """topk equals softmax over the full head with non-drafting tokens masked, then top-k."""
     generator = torch.Generator().manual_seed(seed)
-    weight = vocab.head.weight
+    weight = vocab.head.weight.cpu()
     row_slots = torch.tensor(slots).repeat_interleave(2)  # two tree rows per request
     hidden = torch.randn(len(row_slots), weight.shape[1], generator=generator)
-    probs, ids = vocab.topk(hidden, row_slots, k)
+    probs, ids = (t.cpu() for t in vocab.topk(hidden.to(vocab.device), row_slots, k))
     assert probs.shape == ids.shape == (len(row_slots), k)
     assert ((ids >= 0) & (ids < vocab.vocab_size)).all()
     full = (hidden @ weight.T).float()
