@@ -8,10 +8,16 @@ import torch
 from torch import Tensor
 
 
-def scatter_rows(dst: Tensor, dst_rows: Tensor, src: Tensor, src_rows: Tensor) -> None:
-    """``dst[dst_rows[i]] = src[src_rows[i]]`` for every i with dst_rows[i] != len(dst) - 1."""
+def scatter_rows(
+    dst: Tensor, dst_rows: Tensor, src: Tensor, src_rows: Tensor, compact: bool | None = None
+) -> None:
+    """``dst[dst_rows[i]] = src[src_rows[i]]`` for every i with dst_rows[i] != len(dst) - 1.
+
+    ``compact`` (default: on CPU) copies only the kept rows, which needs their count on the
+    host; otherwise shapes stay fixed and masked rows are copied into the dump row.
+    """
     keep = dst_rows != dst.shape[0] - 1
-    if dst.device.type == "cpu":  # compacting costs nothing on CPU: copy only the kept rows
+    if dst.device.type == "cpu" if compact is None else compact:
         index = keep.nonzero().squeeze(1)
         dst_rows, src_rows = dst_rows[index], src_rows[index]
     else:  # fixed shapes: masked rows land in the dump row

@@ -29,12 +29,15 @@ class DynamicVocab:
         always_active: Sequence[int] = (),
         max_batch: int | None = None,
         device: torch.device | str | None = None,
+        static_shapes: bool | None = None,
     ):
         """``max_batch``: most requests holding a window at once (default: every slot but
         the padding slot 0); it sizes the union buffer to min(V, max_batch * w_cap + pinned).
+        ``static_shapes`` (default: on CUDA) keeps every shape fixed for CUDA graphs.
         """
         vocab_size, _ = lm_head_weight.shape
         self.device = torch.device(device) if device is not None else lm_head_weight.device
+        self.static_shapes = self.device.type == "cuda" if static_shapes is None else static_shapes
         self.vocab_size, self.w_cap = vocab_size, w_cap
         self.always_active = sorted(set(always_active))
         self.set_w_max(w_max)
@@ -98,7 +101,8 @@ class DynamicVocab:
         with torch.cuda.stream(self._side_stream):
             self.head.apply(self.window.refresh(slots, self.w_max))
             self._refreshed.record(self._side_stream)
-        slots.record_stream(self._side_stream)
+        if not torch.cuda.is_current_stream_capturing():  # a graph keeps its inputs alive
+            slots.record_stream(self._side_stream)
 
     def topk(self, hidden: Tensor, row_slots: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """Top-k of softmax over each row's active vocabulary: (probs [N, k], global ids)."""
@@ -106,10 +110,10 @@ class DynamicVocab:
         head, in_set = self.head, self.window.in_set
         # CPU: slice to the live rows (reading the count is free there). CUDA: fixed shapes
         # for graphs; the Triton kernel skips the rows past the count on the device.
-        rows = int(head.count) if self.device.type == "cpu" else head.capacity
+        rows = head.capacity if self.static_shapes else int(head.count)
         buf, ids = head.buf[:rows], head.ids[:rows]
         logits = ops.packed_logits(hidden, buf, head.count)
-        live_only = self.device.type == "cpu" or ops.packed_logits_reads_live_rows_only(buf)
+        live_only = not self.static_shapes or ops.packed_logits_reads_live_rows_only(buf)
         self._rows_read = head.count.clone() if live_only else rows
         row_base = row_slots.to(self.device, torch.int64).unsqueeze(1) * in_set.shape[1]
         allowed = in_set.view(-1)[row_base + ids.clamp(min=0)] & (ids >= 0)

@@ -35,13 +35,14 @@ def append_case(device="cpu"):
     return ring, last_pos, slots, tokens, positions, valid, in_ring
 
 
-def test_reference_scatter_rows_is_a_masked_row_copy():
+@pytest.mark.parametrize("compact", [True, False])
+def test_reference_scatter_rows_is_a_masked_row_copy(compact):
     dst, dst_rows, src, src_rows = scatter_case()
     expected = dst.clone()
     for out_row, in_row in zip(dst_rows.tolist(), src_rows.tolist(), strict=True):
         if out_row != len(dst) - 1:
             expected[out_row] = src[in_row]
-    reference.scatter_rows(dst, dst_rows, src, src_rows)
+    reference.scatter_rows(dst, dst_rows, src, src_rows, compact)
     assert torch.equal(dst[:-1], expected[:-1])
 
 

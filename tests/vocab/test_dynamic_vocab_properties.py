@@ -54,6 +54,14 @@ def test_matches_the_definition(backend, scenario, seed):
         run_scenario(scenario, seed)
 
 
+@settings(max_examples=40, deadline=None)
+@given(scenario=scenarios(), seed=st.integers(0, 2**16))
+def test_matches_the_definition_with_the_static_shapes_of_cuda(scenario, seed):
+    """The torch code CUDA runs (fixed shapes, no host reads), exercised on CPU."""
+    with ops_backend("reference"):
+        run_scenario(scenario, seed, static_shapes=True)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 @settings(max_examples=30, deadline=None)
 @given(scenario=scenarios(), seed=st.integers(0, 2**16))
@@ -61,7 +69,7 @@ def test_matches_the_definition_on_cuda(scenario, seed):
     run_scenario(scenario, seed, device="cuda")
 
 
-def run_scenario(scenario, seed, device="cpu"):
+def run_scenario(scenario, seed, device="cpu", static_shapes=None):
     vocab_size, distinct, w_cap, w_max, pinned, ops = scenario
     weight = torch.randn(vocab_size, HIDDEN, generator=torch.Generator().manual_seed(seed))
     vocab = DynamicVocab(weight.to(device), SLOTS, w_cap=w_cap, w_max=w_max, always_active=pinned)
