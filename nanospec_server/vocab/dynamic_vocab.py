@@ -30,10 +30,13 @@ class DynamicVocab:
         max_batch: int | None = None,
         device: torch.device | str | None = None,
         static_shapes: bool | None = None,
+        overlap: bool = True,
     ):
         """``max_batch``: most requests holding a window at once (default: every slot but
         the padding slot 0); it sizes the union buffer to min(V, max_batch * w_cap + pinned).
         ``static_shapes`` (default: on CUDA) keeps every shape fixed for CUDA graphs.
+        ``overlap=False`` runs the CUDA gather on the compute stream (the paper's `sync`
+        ablation); on CPU there is nothing to overlap.
         """
         vocab_size, _ = lm_head_weight.shape
         self.device = torch.device(device) if device is not None else lm_head_weight.device
@@ -49,8 +52,12 @@ class DynamicVocab:
         self._rows_read: Tensor | int = 0
         # CPU: the same state transitions as fused C++ loops (None: the torch path).
         self._cpu = ops.cpu_vocab_kernels(self.window, self.head)
+        # Token id of every packed row, free rows reading as 0: a lookup table for callers
+        # that map local top-k rows back to token ids (an impossible row is never chosen
+        # unless a request has fewer active tokens than k, and then any valid id will do).
+        self.row_token_ids = self.head.ids.clamp(min=0)
         self._side_stream, self._refreshed = None, None
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and overlap:
             self._side_stream = torch.cuda.Stream(self.device)
             self._refreshed = torch.cuda.Event()
 
@@ -68,6 +75,7 @@ class DynamicVocab:
         else:
             self.head.apply(self.window.release(slots))
         self.window.reset(slots)
+        torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
 
     def append(self, slots: Tensor, tokens: Tensor, valid: Tensor | None = None) -> None:
         self._wait_for_refresh()
@@ -95,11 +103,13 @@ class DynamicVocab:
                 self._cpu.refresh(slots, self.w_max)
             else:
                 self.head.apply(self.window.refresh(slots, self.w_max))
+            torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
             return
         caller = torch.cuda.current_stream(self.device)
         self._side_stream.wait_stream(caller)
         with torch.cuda.stream(self._side_stream):
             self.head.apply(self.window.refresh(slots, self.w_max))
+            torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
             self._refreshed.record(self._side_stream)
         if not torch.cuda.is_current_stream_capturing():  # a graph keeps its inputs alive
             slots.record_stream(self._side_stream)
@@ -127,6 +137,26 @@ class DynamicVocab:
         top_probs, top_rows = probs.topk(k, dim=-1)
         # Impossible entries may land on free rows (id -1): any valid id will do, prob 0.
         return top_probs, ids[top_rows].clamp(min=0)
+
+    def packed_rows(self) -> tuple[Tensor, Tensor]:
+        """The packed head rows to multiply by, and their token ids (-1: free row).
+
+        For callers that run the matmul themselves (SGLang's logits processor); pair it
+        with ``mask_logits_``. Waits for a pending refresh.
+        """
+        self._wait_for_refresh()
+        rows = self.head.capacity if self.static_shapes else int(self.head.count)
+        return self.head.buf[:rows], self.head.ids[:rows]
+
+    def mask_logits_(self, logits: Tensor, row_slots: Tensor) -> Tensor:
+        """In place: -inf wherever a packed row is not in that logits row's active set."""
+        ids = self.head.ids[: logits.shape[1]]
+        in_set = self.window.in_set
+        row_base = row_slots.to(self.device, torch.int64).unsqueeze(1) * in_set.shape[1]
+        allowed = in_set.view(-1)[row_base + ids.clamp(min=0)] & (ids >= 0)
+        allowed |= torch.arange(len(ids), device=self.device) < self.head.num_pinned
+        self._rows_read = self.head.count.clone() if self.static_shapes else len(ids)
+        return logits.masked_fill_(~allowed, float("-inf"))
 
     # -- statistics ---------------------------------------------------------------------
 
