@@ -1,6 +1,6 @@
 // Torch bindings of the kernels in this directory. Same argument order and semantics as
 // nanospec_server/ops/reference.py; every launch goes on the current CUDA stream.
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
 void launch_scatter_rows(void* dst, const int64_t* dst_rows, const void* src,
@@ -26,7 +26,7 @@ void scatter_rows(torch::Tensor dst, torch::Tensor dst_rows, torch::Tensor src,
   launch_scatter_rows(dst.data_ptr(), out_rows.data_ptr<int64_t>(), src.data_ptr(),
                       in_rows.data_ptr<int64_t>(), out_rows.numel(), dst.size(1) * element,
                       dst.stride(0) * element, src.stride(0) * element, dst.size(0) - 1,
-                      at::cuda::getCurrentCUDAStream());
+                      c10::cuda::getCurrentCUDAStream().stream());
 }
 
 void window_append(torch::Tensor ring, torch::Tensor last_pos, torch::Tensor slots,
@@ -45,7 +45,7 @@ void window_append(torch::Tensor ring, torch::Tensor last_pos, torch::Tensor slo
                        positions_.data_ptr<int64_t>(), valid_.data_ptr<bool>(),
                        in_ring_.data_ptr<bool>(), tokens_.size(0), tokens_.size(1),
                        ring.size(1), ring.size(1) - 1, last_pos.size(1),
-                       at::cuda::getCurrentCUDAStream());
+                       c10::cuda::getCurrentCUDAStream().stream());
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -25,6 +25,8 @@ struct Union {
   const char* weight;
   int64_t weight_stride;
   int64_t row_bytes;
+  int64_t capacity;
+  int64_t overflow = 0;  // new tokens that found no row: max_batch was too small
   // Tokens whose reference count touched 0 during this call; settled at the end so a
   // token that leaves one request and enters another keeps its row.
   std::vector<int64_t> maybe_gone, maybe_new;
@@ -57,6 +59,10 @@ struct Union {
     size_t next_hole = 0;
     for (int64_t token : maybe_new) {
       if (ref[token] > 0 && row_of[token] < 0) {
+        if (next_hole == holes.size() && next_row == capacity) {
+          ++overflow;  // never write past the buffer; the caller raises
+          continue;
+        }
         const int64_t row = next_hole < holes.size() ? holes[next_hole++] : next_row++;
         place(token, row, weight + token * weight_stride);
       }
@@ -113,14 +119,15 @@ int64_t nanospec_append(int64_t batch, int64_t cols, const int64_t* slots, const
 }
 
 // Bring members/in_set of `slots` to their windows of `w_max` positions (or, if `release`,
-// empty them) and apply the changes to the union head.
-void nanospec_refresh(int64_t batch, const int64_t* slots, int64_t w_max, int64_t w_cap,
+// empty them) and apply the changes to the union head (of `capacity` rows). Returns how
+// many tokens did not fit in the union buffer (0 unless max_batch was exceeded).
+int64_t nanospec_refresh(int64_t batch, const int64_t* slots, int64_t w_max, int64_t w_cap,
                       int64_t vocab_size, bool release, const int64_t* ring,
                       const int64_t* length, const int32_t* last_pos, int64_t* members,
                       bool* in_set, int64_t* ids, int64_t* row_of, int32_t* ref, int64_t* count,
                       char* buf, int64_t buf_stride, const char* weight, int64_t weight_stride,
-                      int64_t row_bytes) {
-  Union head{ids, row_of, ref, count, buf, buf_stride, weight, weight_stride, row_bytes, {}, {}};
+                      int64_t row_bytes, int64_t capacity) {
+  Union head{ids, row_of, ref, count, buf, buf_stride, weight, weight_stride, row_bytes, capacity};
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t slot = slots[b];
     const int64_t* slot_ring = ring + slot * (w_cap + 1);
@@ -149,6 +156,7 @@ void nanospec_refresh(int64_t batch, const int64_t* slots, int64_t w_max, int64_
     }
   }
   head.settle();
+  return head.overflow;
 }
 
 }  // extern "C"

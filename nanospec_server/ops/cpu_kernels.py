@@ -37,6 +37,7 @@ def library() -> ctypes.CDLL:
         partial.rename(target)
     lib = ctypes.CDLL(str(target))
     lib.nanospec_append.restype = ctypes.c_int64
+    lib.nanospec_refresh.restype = ctypes.c_int64
     return lib
 
 
@@ -64,7 +65,7 @@ class CpuVocabKernels:
             _ptr(window.members), _ptr(window.in_set), _ptr(head.ids), _ptr(head.row_of),
             _ptr(head.ref), _ptr(head.count), _ptr(head.buf), _int(head.buf.stride(0) * element),
             _ptr(head.weight), _int(head.weight.stride(0) * element),
-            _int(head.buf.shape[1] * element),
+            _int(head.buf.shape[1] * element), _int(head.capacity),
         )  # fmt: skip
         self.sizes = sizes
 
@@ -85,7 +86,12 @@ class CpuVocabKernels:
             raise IndexError(f"{invalid} appended token ids are outside [0, vocab_size)")
 
     def refresh(self, slots: Tensor, w_max: int, release: bool = False) -> None:
-        self.lib.nanospec_refresh(
+        overflow = self.lib.nanospec_refresh(
             _int(len(slots)), _ptr(slots), _int(w_max), *self.sizes, ctypes.c_bool(release),
             *self.refresh_state,
         )  # fmt: skip
+        if overflow:
+            raise RuntimeError(
+                f"union LM-head buffer full ({overflow} tokens left out): "
+                "more requests hold windows than max_batch"
+            )

@@ -111,3 +111,10 @@ def test_state_bytes_matches_the_allocation():
     vocab = DynamicVocab(weight, 6, w_cap=5, w_max=5, always_active=(1,), max_batch=3)
     expected = DynamicVocab.state_bytes(VOCAB, 5, 6, HIDDEN, 4, max_batch=3, num_pinned=1)
     assert vocab.nbytes() == expected
+
+
+def test_more_requests_than_max_batch_is_an_error_not_a_corruption():
+    vocab = DynamicVocab(torch.randn(VOCAB, HIDDEN), 4, w_cap=4, w_max=4, max_batch=1)
+    vocab.append(torch.tensor([1, 2]), torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]))
+    with pytest.raises((RuntimeError, IndexError)):
+        vocab.refresh(torch.tensor([1, 2]))
