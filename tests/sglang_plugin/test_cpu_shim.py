@@ -69,3 +69,38 @@ def test_probe_ignores_the_shim_itself(clean_paths: pytest.MonkeyPatch) -> None:
         assert cpu_shim.real_sgl_kernel_loads() is False
     finally:
         cpu_shim.real_sgl_kernel_loads.cache_clear()
+
+
+# Every name SGLang 0.5.23's CPU path imports from sgl_kernel or looks up on torch.ops.
+_SGLANG_CPU_NAMES = (
+    "decode_attention_cpu",
+    "extend_attention_cpu",
+    "assign_req_to_token_pool_cpu",
+    "assign_extend_cache_locs_cpu",
+    "assign_draft_cache_locs_contiguous_cpu",
+    "copy_all_layer_kv_cache_cpu",
+    "build_tree_kernel_efficient_cpu",
+    "verify_tree_greedy_cpu",
+    "fill_bonus_tokens_cpu",
+    "fill_accept_out_cache_loc_cpu",
+    "build_draft_decode_metadata_cpu",
+)
+
+
+def test_stand_in_package_imports_in_a_fresh_process() -> None:
+    """What a spawned SGLang subprocess sees: PYTHONPATH with the shim dir, plain import."""
+    import subprocess
+
+    code = (
+        "import sgl_kernel, torch\n"
+        "assert sgl_kernel.IS_NANOSPEC_SHIM\n"
+        f"for name in {_SGLANG_CPU_NAMES!r}:\n"
+        "    assert callable(getattr(sgl_kernel, name)), name\n"
+        "    assert hasattr(torch.ops.sgl_kernel, name), name\n"
+        "assert not hasattr(torch.ops.sgl_kernel, 'convert_weight_packed')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(cpu_shim.shim_dir()), OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
