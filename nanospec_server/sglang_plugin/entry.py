@@ -12,6 +12,7 @@ import sys
 logger = logging.getLogger(__name__)
 
 HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
+SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 
 
 def register() -> None:
@@ -23,3 +24,13 @@ def register() -> None:
 
         install_routes(http_server.app)
         logger.info("nanospec: admin routes installed")
+    # Draft-worker hooks wait for a Scheduler to be built, so only scheduler processes
+    # import the speculative modules (and only when speculation is on).
+    if SCHEDULER_MODULE in sys.modules:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        from nanospec_server.sglang_plugin.scheduler_hooks import install_scheduler_hooks
+
+        HookRegistry.register(
+            f"{SCHEDULER_MODULE}.Scheduler.__init__", install_scheduler_hooks, HookType.BEFORE
+        )

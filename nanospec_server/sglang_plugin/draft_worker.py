@@ -1,0 +1,129 @@
+"""Our draft workers: SGLang's EAGLE and STANDALONE draft workers with NanoSpec's LM head.
+
+`EAGLEWorkerV2` (EAGLE, EAGLE3, NEXTN) and `StandaloneWorkerV2` look their draft-worker
+class up as a module global, so `scheduler_hooks.py` swaps these subclasses in. Only three
+methods change; everything else is SGLang's own code path.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.runtime_context import get_parallel, get_spec
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
+
+from nanospec_server.config import Mode, NanoSpecConfig
+from nanospec_server.sglang_plugin import runtime as runtime_module
+from nanospec_server.sglang_plugin.packed_head import PackedHeadLogitsProcessor
+from nanospec_server.sglang_plugin.request_stats import RequestStats
+from nanospec_server.sglang_plugin.runtime import NanoSpecRuntime
+from nanospec_server.vocab import DynamicVocab
+
+logger = logging.getLogger(__name__)
+
+
+class NanoSpecDraftMixin:
+    def init_lm_head(self) -> None:
+        super().init_lm_head()
+        self.nanospec = _build_runtime(self)
+        runtime_module.RUNTIME = self.nanospec
+        draft_model = self.draft_runner.model
+        draft_model.logits_processor = PackedHeadLogitsProcessor(
+            draft_model.logits_processor, self.nanospec
+        )
+        if self.nanospec.vocab is not None:
+            # SGLang maps every draft top-k through this table (FR-Spec's path), so local
+            # rows of the packed head come back as token ids.
+            self.hot_token_id = self.nanospec.vocab.row_token_ids
+            if self.speculative_algorithm.is_standalone():
+                _capture_full_target_hidden_in_prefill(self.target_worker)
+
+    def _draft_extend_for_prefill(self, batch, target_hidden_states, *args, **kwargs):
+        self.nanospec.on_prefill(batch, target_hidden_states)
+        if self.speculative_algorithm.is_standalone():
+            target_hidden_states = None  # captured for top-K_pre only; the draft never used it
+        return super()._draft_extend_for_prefill(batch, target_hidden_states, *args, **kwargs)
+
+    def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
+        self.nanospec.on_verify(batch, batch_result)
+        return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
+
+
+class NanoSpecEagleDraftWorker(NanoSpecDraftMixin, EagleDraftWorker):
+    pass
+
+
+class NanoSpecStandaloneDraftWorker(NanoSpecDraftMixin, StandaloneDraftWorker):
+    pass
+
+
+def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
+    config = NanoSpecConfig.from_env()
+    target_runner = worker.target_worker.model_runner
+    vocab_size = target_runner.model_config.vocab_size
+    num_slots = worker.req_to_token_pool.req_to_token.shape[0]
+    device = target_runner.model.lm_head.weight.device
+    stats = RequestStats(num_slots, vocab_size, device)
+    vocab = None
+    if config.mode.is_dynamic:
+        _check_supported(worker, config)
+        eos = sorted(target_runner.model_config.hf_eos_token_id or ())
+        vocab = DynamicVocab(
+            worker.draft_runner.model.lm_head.weight.data,
+            num_slots=num_slots,
+            w_cap=config.w_cap,
+            w_max=config.w_max,
+            always_active=eos,
+            overlap=config.mode != Mode.SYNC,
+        )
+        logger.info(
+            "nanospec: %s mode, W_max=%d (cap %d), K_pre=%d, K_ver=%d, %d slots, %.1f MiB",
+            config.mode.value, config.w_max, config.w_cap, config.k_pre, config.k_ver,
+            num_slots, vocab.nbytes() / 2**20,
+        )  # fmt: skip
+    elif config.mode == Mode.STATIC and worker.hot_token_id is None:
+        raise ValueError("--nanospec-mode static needs --speculative-token-map (FR-Spec list)")
+    runtime = NanoSpecRuntime(
+        config=config,
+        vocab_size=vocab_size,
+        target_head=target_runner.model.lm_head.weight.data,
+        stats=stats,
+        vocab=vocab,
+        static_ids=worker.hot_token_id if config.mode == Mode.STATIC else None,
+    )
+    runtime.update_settings()  # publish K_ver to the verify hook
+    return runtime
+
+
+def _check_supported(worker: EagleDraftWorker, config: NanoSpecConfig) -> None:
+    mode = f"--nanospec-mode {config.mode.value}"
+    if worker.hot_token_id is not None:
+        raise ValueError(
+            f"{mode} needs a full-vocabulary draft head; this draft carries a pruned "
+            "vocabulary (EAGLE-3 d2t or --speculative-token-map). Use --nanospec-mode full "
+            "or static with it."
+        )
+    if get_spec().speculative_use_rejection_sampling:
+        raise ValueError(
+            f"{mode} is incompatible with --speculative-use-rejection-sampling; without it, "
+            "sampling verifies with the target's distribution alone, which stays exact."
+        )
+    if get_parallel().tp_size > 1:
+        raise ValueError(f"{mode} supports --tp-size 1 only (the draft head is not sharded)")
+
+
+def _capture_full_target_hidden_in_prefill(target_worker) -> None:
+    """STANDALONE runs the target prefill without hidden states; top-K_pre needs them."""
+    original = target_worker.forward_batch_generation
+
+    def forward_batch_generation(*args, **kwargs):
+        if kwargs.get("capture_hidden_mode") == CaptureHiddenMode.NULL:
+            kwargs["capture_hidden_mode"] = CaptureHiddenMode.FULL
+        return original(*args, **kwargs)
+
+    target_worker.forward_batch_generation = forward_batch_generation
+
+
+__all__ = ["NanoSpecEagleDraftWorker", "NanoSpecStandaloneDraftWorker"]

@@ -1,0 +1,196 @@
+"""NanoSpec's per-scheduler state and the two moments it changes in a speculative step.
+
+    prefill:  S = prompt tokens, then the target's top-K_pre at every prompt position
+    verify:   S += every draft-tree token, then the target's top-K_ver at each accepted
+              position; refresh the packed head (on a side stream on CUDA) before the
+              draft-extend pass, whose LM head waits for it
+    draft:    the draft's LM head runs over the packed rows; `packed_head.py` masks each
+              request to its own active set
+
+One runtime lives in each scheduler process (`RUNTIME`): the draft worker creates it, the
+output streamer and the internal-state handlers read it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from nanospec_server.config import Mode, NanoSpecConfig
+from nanospec_server.sglang_plugin.request_stats import RequestStats
+from nanospec_server.sglang_plugin.verify_capture import LAST_VERIFY, VerifyCandidates
+from nanospec_server.vocab import DynamicVocab, topk_tokens_in_chunks
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SlotOwner:
+    rid: str
+    prompt_tokens_appended: int = 0
+
+
+@dataclass
+class NanoSpecRuntime:
+    config: NanoSpecConfig
+    vocab_size: int
+    target_head: Tensor  # [V, d] the target's LM head, for top-K_pre
+    stats: RequestStats
+    vocab: DynamicVocab | None  # None in the full and static modes
+    static_ids: Tensor | None = None  # FR-Spec's hot token ids (static mode)
+    owners: dict[int, SlotOwner] = field(default_factory=dict)
+    # The output streamer may see a finished request after SGLang released its slot.
+    slot_of_rid: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> Mode:
+        return self.config.mode
+
+    def update_settings(self, **changes: int) -> None:
+        """Live W_max / K_pre / K_ver: validated as a whole, effective at the next step."""
+        self.config = NanoSpecConfig.model_validate(self.config.model_dump() | changes)
+        if self.vocab is not None:
+            self.vocab.set_w_max(self.config.w_max)
+        LAST_VERIFY.k_ver = self.config.k_ver if self._appends_while_decoding() else 0
+
+    # -- prefill ------------------------------------------------------------------------
+
+    def on_prefill(self, batch, target_hidden: Tensor | None) -> None:
+        if not batch.reqs:
+            return
+        slots = batch.req_pool_indices.to(torch.int64)
+        self._claim_slots(batch.reqs, slots)
+        if self.vocab is None or self.mode == Mode.EXT_ONLY:
+            return
+        prompt_rows = []
+        for req, prefix_len, extend_len in zip(
+            batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True
+        ):
+            owner = self.owners[req.kv.req_pool_idx]
+            end = prefix_len + extend_len
+            prompt_rows.append(_fill_ids(req)[owner.prompt_tokens_appended : end])
+            owner.prompt_tokens_appended = end
+        self.vocab.append(slots, *_padded(prompt_rows, slots.device))
+        if target_hidden is not None and self.config.k_pre > 0:
+            top = topk_tokens_in_chunks(target_hidden, self.target_head, self.config.k_pre)
+            self.vocab.append(slots, *_per_request_rows(top, batch.extend_lens))
+        self.vocab.refresh(slots)
+
+    def _claim_slots(self, reqs, slots: Tensor) -> None:
+        """Reset the slots that a new request took over (slots are reused)."""
+        fresh = []
+        for req in reqs:
+            slot = req.kv.req_pool_idx
+            owner = self.owners.get(slot)
+            if owner is None or owner.rid != req.rid:
+                if owner is not None:
+                    self.slot_of_rid.pop(owner.rid, None)
+                self.owners[slot] = SlotOwner(req.rid)
+                self.slot_of_rid[req.rid] = slot
+                fresh.append(slot)
+        if fresh:
+            fresh_slots = torch.tensor(fresh, dtype=torch.int64, device=slots.device)
+            self.stats.reset(fresh_slots)
+            if self.vocab is not None:
+                self.vocab.reset(fresh_slots)
+
+    # -- verify -------------------------------------------------------------------------
+
+    def on_verify(self, batch, batch_result) -> None:
+        candidates = LAST_VERIFY.take()
+        if not batch.reqs:
+            return
+        slots = batch.req_pool_indices.to(torch.int64)
+        accept_lens = batch_result.accept_lens.to(torch.int64)
+        emitted = batch_result.next_token_ids.view(len(slots), -1).to(torch.int64)
+        emitted_valid = torch.arange(emitted.shape[1], device=slots.device) < accept_lens[:, None]
+        covered = (self._in_draft_vocab(slots, emitted) & emitted_valid).sum(1)
+        self.stats.record_verify(slots, accept_lens, covered, self._active_size(slots))
+        if candidates is not None and self._appends_while_decoding():
+            self._append_step(slots, candidates)
+            self.vocab.refresh(slots)
+
+    def _append_step(self, slots: Tensor, candidates: VerifyCandidates) -> None:
+        # Order within a step (it decides eviction): the draft tree, root first, then the
+        # verify top-K_ver position by position, rank by rank. Later entries live longer.
+        top = candidates.top_tokens.flatten(1)
+        tokens = torch.cat([candidates.tree_tokens.to(torch.int64), top], dim=1)
+        tree_valid = torch.ones_like(candidates.tree_tokens, dtype=torch.bool)
+        valid = torch.cat([tree_valid, candidates.top_valid.flatten(1)], dim=1)
+        self.vocab.append(slots, tokens, valid)
+
+    def _appends_while_decoding(self) -> bool:
+        return self.vocab is not None and self.mode != Mode.CTX_ONLY
+
+    # -- what the draft head can propose ------------------------------------------------
+
+    def _in_draft_vocab(self, slots: Tensor, tokens: Tensor) -> Tensor:
+        if self.vocab is not None:
+            return self.vocab.contains(slots, tokens)
+        if self.static_ids is not None:
+            return torch.isin(tokens, self.static_ids)
+        return torch.ones_like(tokens, dtype=torch.bool)
+
+    def _active_size(self, slots: Tensor) -> Tensor:
+        if self.vocab is not None:
+            return self.vocab.active_size(slots)
+        size = self.vocab_size if self.static_ids is None else len(self.static_ids)
+        return torch.full_like(slots, size)
+
+    # -- host snapshots (one copy per output chunk) ---------------------------------------
+
+    def snapshot(self, reqs) -> list[dict]:
+        slots = [self.slot_of_rid.get(req.rid, 0) for req in reqs]
+        index = torch.tensor(slots, dtype=torch.int64, device=self.stats.counters.device)
+        if self.vocab is not None:
+            active = self.vocab.active_size(index).tolist()
+            length = self.vocab.stream_length(index).tolist()
+        else:
+            active, length = self._active_size(index).tolist(), [0] * len(slots)
+        stats = self.stats.snapshot(slots, active, length)
+        for req, req_stats in zip(reqs, stats, strict=True):
+            req_stats["mode"] = self.mode.value
+            if req.finished():
+                self.stats.remember_finished(req.rid, req_stats)
+        return stats
+
+    def state(self) -> dict:
+        """What `/get_internal_state` reports: settings, sizes, recently finished requests."""
+        return {
+            "config": self.config.model_dump(mode="json"),
+            "vocab_size": self.vocab_size,
+            "state_bytes": self.vocab.nbytes() if self.vocab is not None else 0,
+            "finished_requests": dict(self.stats.finished),
+        }
+
+
+def _fill_ids(req) -> list[int]:
+    return list(req.origin_input_ids) + list(req.output_ids)
+
+
+def _padded(rows: list[list[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+    width = max((len(r) for r in rows), default=0)
+    tokens = torch.zeros(len(rows), width, dtype=torch.int64)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
+        valid[i, : len(row)] = True
+    return tokens.to(device), valid.to(device)
+
+
+def _per_request_rows(top: Tensor, extend_lens: list[int]) -> tuple[Tensor, Tensor]:
+    """[sum(extend_lens), K] candidates -> [B, max_len * K] rows, position-major."""
+    device, k = top.device, top.shape[1]
+    lens = torch.tensor(extend_lens, dtype=torch.int64, device=device)
+    starts = torch.cumsum(lens, 0) - lens
+    width = max(extend_lens)
+    offsets = torch.arange(width, device=device)
+    rows = (starts[:, None] + offsets).clamp(max=top.shape[0] - 1)
+    valid = (offsets < lens[:, None]).unsqueeze(-1).expand(-1, -1, k)
+    return top[rows].flatten(1), valid.flatten(1)
+
+
+RUNTIME: NanoSpecRuntime | None = None

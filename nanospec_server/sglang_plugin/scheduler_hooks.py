@@ -1,0 +1,60 @@
+"""Hooks that only make sense inside a scheduler process, installed when one starts."""
+
+from __future__ import annotations
+
+import logging
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from nanospec_server.sglang_plugin.verify_capture import eagle_sample_hook
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+INTERNAL_STATE = "sglang.srt.managers.scheduler_components.internal_state"
+
+
+def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
+    """BEFORE hook on `Scheduler.__init__`: swap in our classes for this process."""
+    if getattr(install_scheduler_hooks, "done", False):
+        return
+    install_scheduler_hooks.done = True
+    if not server_args.speculative_algorithm:
+        return
+    from nanospec_server.sglang_plugin import live_settings, output_streamer
+    from nanospec_server.sglang_plugin.draft_worker import (
+        NanoSpecEagleDraftWorker,
+        NanoSpecStandaloneDraftWorker,
+    )
+
+    speculative = "sglang.srt.speculative"
+    HookRegistry.register(
+        f"{speculative}.eagle_worker_v2.EagleDraftWorker",
+        NanoSpecEagleDraftWorker,
+        HookType.REPLACE,
+    )
+    HookRegistry.register(
+        f"{speculative}.standalone_worker_v2.StandaloneDraftWorker",
+        NanoSpecStandaloneDraftWorker,
+        HookType.REPLACE,
+    )
+    HookRegistry.register(
+        f"{speculative}.eagle_utils.eagle_sample", eagle_sample_hook, HookType.AROUND
+    )
+    HookRegistry.register(
+        f"{SCHEDULER}.get_output_streamer_class",
+        lambda scheduler: output_streamer.NanoSpecOutputStreamer,
+        HookType.REPLACE,
+    )
+    HookRegistry.register(
+        f"{INTERNAL_STATE}.SchedulerInternalStateController._update_handlers",
+        live_settings.update_handlers_hook,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        f"{INTERNAL_STATE}.SchedulerInternalStateController.get_internal_state",
+        live_settings.get_internal_state_hook,
+        HookType.AFTER,
+    )
+    HookRegistry.apply_hooks()
+    logger.info("nanospec: draft workers, verify capture and statistics installed")
