@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
 from nanospec_server.config import CONFIG_ENV, Mode, NanoSpecConfig
+from nanospec_server.models.cli import add_models_commands
 
 
 def _add_serve_command(commands: argparse._SubParsersAction) -> None:
@@ -37,11 +39,39 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
     nanospec.add_argument("--nanospec-k-ver", type=int, default=3, help="top-k per verify step")
 
 
+def _add_token_map_command(commands: argparse._SubParsersAction) -> None:
+    token_map = commands.add_parser(
+        "build-token-map",
+        help="FR-Spec static vocabulary: the k most frequent tokens of a corpus",
+        description="Count tokens over text or JSONL files and save the top k for "
+        "--speculative-token-map (the `static` mode's baseline).",
+    )
+    token_map.add_argument("--tokenizer", type=Path, required=True, help="model or tokenizer dir")
+    token_map.add_argument("--corpus", type=Path, nargs="+", required=True, help="text/JSONL files")
+    token_map.add_argument("--top-k", type=int, required=True, help="vocabulary size k")
+    token_map.add_argument("--output", type=Path, required=True, help="where to save the list")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanospec", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_serve_command(commands)
+    _add_token_map_command(commands)
+    add_models_commands(commands)
     return parser
+
+
+def build_token_map_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.top_k < 1:
+        parser.error("--top-k: must be at least 1")
+    missing = [str(p) for p in args.corpus if not p.is_file()]
+    if missing:
+        parser.error(f"--corpus: no such file: {', '.join(missing)}")
+    from nanospec_server.models.token_map import build_token_map
+
+    count = build_token_map(args.tokenizer, args.corpus, args.top_k, args.output)
+    print(f"nanospec: wrote {count} token ids to {args.output}")
+    return 0
 
 
 def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> NanoSpecConfig:
@@ -72,12 +102,29 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return None
 
 
-def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.ArgumentParser) -> int:
-    config = _config_from(args, parser)
-    workers = _flag_value(sglang_argv, "--tokenizer-worker-num")
+def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.ArgumentParser) -> None:
+    workers = _flag_value(argv, "--tokenizer-worker-num")
     if workers is not None and workers != "1":
         # SGLang's extra tokenizer workers never load plugins, so our routes would vanish.
         parser.error("--tokenizer-worker-num: nanospec serve supports only 1 tokenizer worker")
+    has_token_map = _flag_value(argv, "--speculative-token-map") is not None
+    if config.mode == Mode.STATIC and not has_token_map:
+        parser.error("--nanospec-mode static needs --speculative-token-map (see build-token-map)")
+    if config.mode.is_dynamic and has_token_map:
+        parser.error(f"--speculative-token-map: not with --nanospec-mode {config.mode.value}")
+    if config.mode.is_dynamic and "--speculative-use-rejection-sampling" in argv:
+        parser.error(
+            "--speculative-use-rejection-sampling: not with a dynamic vocabulary; sampling "
+            "without it verifies against the target's distribution alone, which is exact"
+        )
+    tp = _flag_value(argv, "--tp-size") or _flag_value(argv, "--tp")
+    if config.mode.is_dynamic and tp not in (None, "1"):
+        parser.error(f"--tp-size: --nanospec-mode {config.mode.value} supports 1 only")
+
+
+def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.ArgumentParser) -> int:
+    config = _config_from(args, parser)
+    _check_flags(config, sglang_argv, parser)
 
     from nanospec_server import host
 
@@ -116,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if args.command == "serve":
         return serve(args, rest, parser)
-    parser.error(f"unknown command {args.command}")
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "build-token-map":
+        return build_token_map_command(args, parser)
+    return args.func(args)
 
 
 if __name__ == "__main__":

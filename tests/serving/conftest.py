@@ -1,0 +1,55 @@
+"""Fixtures that run real `nanospec serve` processes (SGLang scheduler included)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from nanospec_server.models.tiny import tiny_model_path
+from nanospec_server.models.tokenizer import BOS_ID, VOCAB_SIZE
+from tests.serving.server import generate, running_server
+
+MAX_NEW_TOKENS = 24
+# Shared flags: small KV pool (the tiny models need little), fp32 so that the random
+# target has no bf16 near-ties that a different batch shape could flip.
+BASE_FLAGS = ["--max-total-tokens", "8192", "--mem-fraction-static", "0.3", "--dtype", "float32"]
+
+
+def make_prompts(count: int, seed: int, max_len: int = 200) -> list[list[int]]:
+    rng = random.Random(seed)
+    lengths = [1, 2, 7, max_len] + [rng.randint(3, max_len) for _ in range(count - 4)]
+    return [[BOS_ID] + [rng.randrange(3, VOCAB_SIZE) for _ in range(n)] for n in lengths]
+
+
+def generate_all(
+    url: str, prompts: list[list[int]], max_new_tokens: int = MAX_NEW_TOKENS
+) -> list[dict]:
+    """Send the prompts concurrently, so the scheduler batches them."""
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        return list(pool.map(lambda ids: generate(url, ids, max_new_tokens), prompts))
+
+
+def speculative_flags(algorithm: str, draft: str, steps: int, topk: int, tokens: int) -> list[str]:
+    return [
+        "--speculative-algorithm", algorithm,
+        "--speculative-draft-model-path", str(tiny_model_path(draft)),
+        "--speculative-num-steps", str(steps),
+        "--speculative-eagle-topk", str(topk),
+        "--speculative-num-draft-tokens", str(tokens),
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Callable:
+    """serve(target, extra_flags) -> context manager yielding the server URL."""
+
+    def start(target: str, flags: list[str]) -> Iterator[str]:
+        log = Path(tmp_path_factory.mktemp("server")) / "server.log"
+        model = ["--model-path", str(tiny_model_path(target))]
+        return running_server(model + BASE_FLAGS + flags, log)
+
+    return start

@@ -1,0 +1,81 @@
+"""Start `nanospec serve` as a real subprocess for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+
+START_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+@contextmanager
+def running_server(args: list[str], log_path: Path) -> Iterator[str]:
+    """Yield the base URL of a `nanospec serve` started with `args`; stop it on exit."""
+    port = free_port()
+    command = [sys.executable, "-m", "nanospec_server.cli", "serve", "--port", str(port)]
+    command += ["--skip-server-warmup", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_until_healthy(url, process, log_path)
+            yield url
+        finally:
+            # SIGINT is what a user's Ctrl-C sends; the CLI must stop SGLang's children too.
+            os.killpg(process.pid, signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServerFailed(f"server exited with {process.returncode}:\n{_tail(log_path)}")
+        try:
+            if requests.get(f"{url}/health_generate", timeout=30).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    raise ServerFailed(f"server not healthy after {START_TIMEOUT_S} s:\n{_tail(log_path)}")
+
+
+def _tail(path: Path, lines: int = 60) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def generate(url: str, input_ids: list[int], max_new_tokens: int, **sampling) -> dict:
+    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, **sampling}
+    response = requests.post(
+        f"{url}/generate",
+        json={"input_ids": input_ids, "sampling_params": params},
+        timeout=300,
+    )
+    response.raise_for_status()
+    return response.json()
