@@ -34,12 +34,14 @@ def median_ms(step: Callable[[int], object], steps: int, warmup: int) -> float:
 
 
 def zipf_tokens(vocab_size: int, shape: tuple[int, ...], generator: torch.Generator):
-    """Token ids with a text-like skew (a few tokens frequent, a long tail), shuffled ids."""
+    """Token ids with a text-like skew (a few tokens frequent, a long tail). The frequency
+    ranking is one fixed shuffle of the ids: every request speaks the same language."""
     ranks = torch.arange(1, vocab_size + 1, dtype=torch.float64)
-    weights = ranks.pow(-1.1)
-    flat = torch.multinomial(weights, int(torch.tensor(shape).prod()), True, generator=generator)
-    permutation = torch.randperm(vocab_size, generator=generator)
-    return permutation[flat].view(shape)
+    flat = torch.multinomial(
+        ranks.pow(-1.1), int(torch.tensor(shape).prod()), True, generator=generator
+    )
+    language = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(vocab_size))
+    return language[flat].view(shape)
 
 
 def step_streams(args, vocab_size: int, batch: int, generator: torch.Generator):

@@ -5,7 +5,9 @@
 //
 // Layouts (row-major, every row has one trailing "dump" entry the torch code writes into):
 //   ring [S, W_cap+1] int64, length [S] int64, last_pos [S, V+1] int32,
-//   members [S, W_cap+1] int64, in_set [S, V+1] bool,
+//   members [S, W_cap+1] int64, in_set [S, V+1] bool, member_pos [S, W_cap+1] int32,
+//   scanned [S, 2] int64 (the window
+//   [start, end) each slot had at its last refresh: those positions need no second look),
 //   ids [C+1] int64, row_of [V+1] int64, ref [V+1] int32, count [1] int64,
 //   buf [C+1, d] and weight [V, d] of one dtype (copied as `row_bytes` raw bytes).
 #include <algorithm>
@@ -122,11 +124,12 @@ int64_t nanospec_append(int64_t batch, int64_t cols, const int64_t* slots, const
 // empty them) and apply the changes to the union head (of `capacity` rows). Returns how
 // many tokens did not fit in the union buffer (0 unless max_batch was exceeded).
 int64_t nanospec_refresh(int64_t batch, const int64_t* slots, int64_t w_max, int64_t w_cap,
-                      int64_t vocab_size, bool release, const int64_t* ring,
-                      const int64_t* length, const int32_t* last_pos, int64_t* members,
-                      bool* in_set, int64_t* ids, int64_t* row_of, int32_t* ref, int64_t* count,
-                      char* buf, int64_t buf_stride, const char* weight, int64_t weight_stride,
-                      int64_t row_bytes, int64_t capacity) {
+                         int64_t vocab_size, bool release, const int64_t* ring,
+                         const int64_t* length, const int32_t* last_pos, int64_t* members,
+                         bool* in_set, int32_t* member_pos, int64_t* scanned, int64_t* ids, int64_t* row_of,
+                         int32_t* ref, int64_t* count, char* buf, int64_t buf_stride,
+                         const char* weight, int64_t weight_stride, int64_t row_bytes,
+                         int64_t capacity) {
   Union head{ids, row_of, ref, count, buf, buf_stride, weight, weight_stride, row_bytes, capacity};
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t slot = slots[b];
@@ -136,24 +139,42 @@ int64_t nanospec_refresh(int64_t batch, const int64_t* slots, int64_t w_max, int
     bool* slot_in = in_set + slot * (vocab_size + 1);
     const int64_t end = length[slot];
     const int64_t start = end > w_max ? end - w_max : 0;
-    for (int64_t j = 0; j < w_cap; ++j) {  // leave: latest occurrence out of the window
+    // Leave: members whose latest occurrence is out of the window. member_pos[j] is a
+    // position of member j seen earlier; at or past `start` it proves the member stays, so
+    // last_pos (a random access) is read only for members near the window's edge.
+    int32_t* slot_member_pos = member_pos + slot * (w_cap + 1);
+    for (int64_t j = 0; j < w_cap; ++j) {
       const int64_t token = slot_members[j];
-      if (token >= 0 && (release || slot_last[token] < start)) {
-        slot_members[j] = -1;
-        slot_in[token] = false;
-        head.drop_ref(token);
+      if (token < 0 || (!release && slot_member_pos[j] >= start)) continue;
+      if (!release && slot_last[token] >= start) {
+        slot_member_pos[j] = slot_last[token];
+        continue;
       }
+      slot_members[j] = -1;
+      slot_in[token] = false;
+      head.drop_ref(token);
     }
     if (release) continue;
+    // Enter: distinct window tokens new to the set. Positions scanned at the last refresh
+    // that are still in the window hold members already (a token leaves only once its
+    // latest position is out), so only the rest of the window is read.
+    int64_t* seen = scanned + 2 * slot;
     int64_t free_entry = 0;
-    for (int64_t p = start; p < end; ++p) {  // enter: distinct window tokens, new to the set
+    for (int64_t p = start; p < end; ++p) {
+      if (p >= seen[0] && p < seen[1]) {
+        p = seen[1] - 1;
+        continue;
+      }
       const int64_t token = slot_ring[p % w_cap];
       if (slot_last[token] != p || slot_in[token]) continue;
       while (slot_members[free_entry] >= 0) ++free_entry;
       slot_members[free_entry] = token;
+      slot_member_pos[free_entry] = static_cast<int32_t>(p);
       slot_in[token] = true;
       head.add_ref(token);
     }
+    seen[0] = start;
+    seen[1] = end;
   }
   head.settle();
   return head.overflow;

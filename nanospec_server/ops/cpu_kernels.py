@@ -62,7 +62,8 @@ class CpuVocabKernels:
         self.append_state += sizes
         self.refresh_state = (
             _ptr(window.ring), _ptr(window.length), _ptr(window.last_pos),
-            _ptr(window.members), _ptr(window.in_set), _ptr(head.ids), _ptr(head.row_of),
+            _ptr(window.members), _ptr(window.in_set), _ptr(window.member_pos),
+            _ptr(window.scanned), _ptr(head.ids), _ptr(head.row_of),
             _ptr(head.ref), _ptr(head.count), _ptr(head.buf), _int(head.buf.stride(0) * element),
             _ptr(head.weight), _int(head.weight.stride(0) * element),
             _int(head.buf.shape[1] * element), _int(head.capacity),
@@ -71,9 +72,8 @@ class CpuVocabKernels:
 
     @staticmethod
     def applies(window, head) -> bool:
-        """CPU tensors, one dtype for weight and buffer, dense rows."""
-        weight, buf = head.weight, head.buf
-        return buf.device.type == "cpu" and weight.dtype == buf.dtype and weight.is_contiguous()
+        """CPU tensors with dense rows."""
+        return head.buf.device.type == "cpu" and head.weight.is_contiguous()
 
     def append(self, slots: Tensor, tokens: Tensor, valid: Tensor | None) -> None:
         tokens = tokens.to(torch.int64).contiguous()

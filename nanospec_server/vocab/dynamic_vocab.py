@@ -47,7 +47,7 @@ class DynamicVocab:
         max_batch = max_batch if max_batch is not None else max(num_slots - 1, 1)
         self.window = WindowState(vocab_size, w_cap, num_slots, self.device)
         capacity = self.union_capacity(vocab_size, w_cap, max_batch, len(self.always_active))
-        weight = lm_head_weight.to(self.device)
+        weight = lm_head_weight.detach().to(self.device)
         self.head = UnionHead(weight, capacity, self.always_active, self.device)
         self._rows_read: Tensor | int = 0
         # CPU: the same state transitions as fused C++ loops (None: the torch path).

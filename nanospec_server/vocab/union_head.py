@@ -31,12 +31,10 @@ class UnionHead:
         capacity: int,
         pinned: Sequence[int],
         device: torch.device,
-        dtype: torch.dtype | None = None,
     ):
         vocab_size, hidden = weight.shape
         self.weight, self.vocab_size, self.capacity = weight, vocab_size, capacity
-        dtype = dtype or weight.dtype
-        self.buf = torch.zeros(capacity + 1, hidden, dtype=dtype, device=device)  # +1: dump
+        self.buf = torch.zeros(capacity + 1, hidden, dtype=weight.dtype, device=device)  # +1: dump
         self.ids = torch.full((capacity + 1,), -1, dtype=torch.int64, device=device)
         self.row_of = torch.full((vocab_size + 1,), -1, dtype=torch.int64, device=device)
         self.ref = torch.zeros(vocab_size + 1, dtype=torch.int32, device=device)
@@ -48,7 +46,7 @@ class UnionHead:
         self.ids[rows] = pinned_ids
         self.row_of[pinned_ids] = rows
         self.ref[pinned_ids] = 1  # a reference nobody releases: pinned rows never move
-        self.buf[rows] = weight[pinned_ids].to(dtype)
+        self.buf[rows] = weight[pinned_ids]
         self.count = torch.full((1,), self.num_pinned, dtype=torch.int64, device=device)
 
     @staticmethod

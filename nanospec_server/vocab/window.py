@@ -9,7 +9,10 @@ slot stores:
 - ``members[slot, j]``: the tokens of the active set as of the last refresh, in a fixed
   table of W_cap entries (-1: free). The active set never has more than W_max <= W_cap
   tokens, so the table never overflows;
-- ``in_set[slot, v]``: the same set as a dense bitmap, for O(1) membership.
+- ``in_set[slot, v]``: the same set as a dense bitmap, for O(1) membership;
+- ``scanned[slot]``, ``member_pos[slot, j]``: bookkeeping of the CPU fast path only: the
+  window [start, end) at the last refresh (only positions new to the window are scanned)
+  and a known position of each member (only members near the window's edge are looked up).
 
 Token v is active iff ``last_pos[v] >= length - W_max``: it leaves the window only when its
 *latest* occurrence does. Memory per slot is O(V + W_cap), independent of |S|.
@@ -50,15 +53,19 @@ class WindowState:
         self.last_pos = torch.full((num_slots, v + 1), -1, dtype=torch.int32, device=device)
         self.members = torch.full((num_slots, w + 1), -1, dtype=torch.int64, device=device)
         self.in_set = torch.zeros(num_slots, v + 1, dtype=torch.bool, device=device)
+        self.scanned = torch.zeros(num_slots, 2, dtype=torch.int64, device=device)
+        self.member_pos = torch.full((num_slots, w + 1), -1, dtype=torch.int32, device=device)
         self.columns = torch.arange(w, device=device)
 
     @staticmethod
     def bytes_per_slot(vocab_size: int, w_cap: int) -> int:
         v, w = vocab_size + 1, w_cap + 1
-        return 8 * w + 8 + 4 * v + 8 * w + 1 * v  # ring, length, last_pos, members, in_set
+        # ring, length, last_pos, members, in_set, scanned, member_pos
+        return 8 * w + 8 + 4 * v + 8 * w + v + 16 + 4 * w
 
     def nbytes(self) -> int:
         tensors = (self.ring, self.length, self.last_pos, self.members, self.in_set)
+        tensors += (self.scanned, self.member_pos)
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def reset(self, slots: Tensor) -> None:
@@ -67,6 +74,7 @@ class WindowState:
         self.last_pos[slots] = -1
         self.members[slots] = -1
         self.in_set[slots] = False
+        self.scanned[slots] = 0
 
     def release(self, slots: Tensor) -> WindowDiff:
         """The diff that removes every member of these slots (used before a reset)."""
