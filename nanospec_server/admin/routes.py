@@ -2,7 +2,7 @@
 
 Live settings travel through SGLang's own internal-state channel to the scheduler
 (`sglang_plugin/live_settings.py` handles them there); these routes validate first, so
-a bad value is a 422 with a message instead of a silent `false`.
+a bad value is a 400 with a message (SGLang's convention) instead of a silent `false`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def build_router() -> APIRouter:
         current = NanoSpecConfig.model_validate((await _scheduler_state())["config"])
         if "w_max" in changes and changes["w_max"] > current.w_cap:
             raise HTTPException(
-                422, f"w_max {changes['w_max']} exceeds the capacity w_cap {current.w_cap}"
+                400, f"w_max {changes['w_max']} exceeds the capacity w_cap {current.w_cap}"
             )
         if changes:
             await _push_settings(changes)

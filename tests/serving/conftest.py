@@ -26,11 +26,13 @@ def make_prompts(count: int, seed: int, max_len: int = 200) -> list[list[int]]:
 
 
 def generate_all(
-    url: str, prompts: list[list[int]], max_new_tokens: int = MAX_NEW_TOKENS
+    url: str, prompts: list[list[int]], max_new_tokens: int | list[int] = MAX_NEW_TOKENS
 ) -> list[dict]:
     """Send the prompts concurrently, so the scheduler batches them."""
+    if isinstance(max_new_tokens, int):
+        max_new_tokens = [max_new_tokens] * len(prompts)
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        return list(pool.map(lambda ids: generate(url, ids, max_new_tokens), prompts))
+        return list(pool.map(lambda p, n: generate(url, p, n), prompts, max_new_tokens))
 
 
 def speculative_flags(algorithm: str, draft: str, steps: int, topk: int, tokens: int) -> list[str]:

@@ -77,5 +77,6 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int, **sampling) ->
         json={"input_ids": input_ids, "sampling_params": params},
         timeout=300,
     )
-    response.raise_for_status()
+    if response.status_code != 200:
+        raise requests.HTTPError(f"{response.status_code}: {response.text}", response=response)
     return response.json()
