@@ -69,7 +69,7 @@ class WindowState:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def reset(self, slots: Tensor) -> None:
-        """Forget the streams of these slots. Call ``release`` first to get their members."""
+        """Forget the streams of these slots (apply ``release`` to the head before this)."""
         self.length[slots] = 0
         self.last_pos[slots] = -1
         self.members[slots] = -1
