@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from nanospec_server.config import CONFIG_ENV, Mode, NanoSpecConfig
 from nanospec_server.models.cli import add_models_commands
+from nanospec_server.models.errors import ModelPrepareError
 
 
 def _add_serve_command(commands: argparse._SubParsersAction) -> None:
@@ -24,6 +25,10 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
             "flags and environment are added unless given."
         ),
     )
+    serve.add_argument(
+        "--tiny", action="store_true",
+        help="with no --model-path: serve the tiny offline test models instead of the real default",
+    )  # fmt: skip
     nanospec = serve.add_argument_group("NanoSpec")
     nanospec.add_argument(
         "--nanospec-mode", choices=[m.value for m in Mode], default=Mode.NANOSPEC.value,
@@ -133,9 +138,17 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
         host.prepare_cpu_environment()
         sglang_argv = sglang_argv + host.cpu_flags_missing_from(sglang_argv)
     if _flag_value(sglang_argv, "--model-path") is None:
-        from nanospec_server.models.defaults import default_serve_argv
+        from nanospec_server.models import defaults
 
-        sglang_argv = default_serve_argv() + sglang_argv
+        try:
+            embedded = defaults.tiny_serve_argv() if args.tiny else defaults.default_serve_argv()
+        except ModelPrepareError as error:
+            parser.exit(
+                2,
+                f"nanospec: error: the default model is not available ({error}); "
+                "pass --model-path, or --tiny for the offline test models\n",
+            )
+        sglang_argv = embedded + sglang_argv
     os.environ[CONFIG_ENV] = config.to_env()
 
     # SGLang is imported only now, after the environment its platform detection reads.
@@ -150,7 +163,9 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
     url = f"http://{server_args.host}:{server_args.port}"
     print(f"nanospec: starting {server_args.model_path} ({config.mode.value})", flush=True)
     try:
-        launch_server(server_args, launch_callback=lambda: print(f"nanospec: ready at {url}", flush=True))
+        launch_server(
+            server_args, launch_callback=lambda: print(f"nanospec: ready at {url}", flush=True)
+        )
     except KeyboardInterrupt:
         print("nanospec: stopped", flush=True)
     finally:
