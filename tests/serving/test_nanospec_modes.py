@@ -144,8 +144,8 @@ def test_ctx_only_loses_what_the_stream_keeps(serve, token_map, mode: str) -> No
     second_lap = 120
     if mode == "nanospec":
         assert stats["accepted_draft_tokens"] >= second_lap * 0.8
-    else:
-        assert stats["accepted_draft_tokens"] <= 5
+    else:  # only chance hits of the prefill candidates' 2nd and 3rd guesses remain
+        assert stats["accepted_draft_tokens"] <= second_lap * 0.2
 
 
 def test_bad_live_settings_are_refused_with_a_message(serve, token_map) -> None:
