@@ -56,5 +56,8 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
         live_settings.get_internal_state_hook,
         HookType.AFTER,
     )
+    from nanospec_server.sglang_plugin.cpu_sampling import install_cpu_sampling_hook
+
+    install_cpu_sampling_hook()  # CPU only: EAGLE verify samples instead of going greedy
     HookRegistry.apply_hooks()
     logger.info("nanospec: draft workers, verify capture and statistics installed")

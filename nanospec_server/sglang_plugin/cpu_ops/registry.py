@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import torch
 
-from . import attention, kv_cache, spec_tree
+from . import attention, kv_cache, spec_sampling, spec_tree
 
-__all__ = ["OPS", "register_ops"]
+__all__ = ["OPS", "defined_here", "register_ops"]
 
 _NAMESPACE = "sgl_kernel"
 
@@ -84,10 +84,26 @@ OPS: dict[str, tuple[str, Callable[..., object]]] = {
         "(Tensor accept_index, Tensor out_cache_loc, Tensor(a!) accept_out_cache_loc) -> ()",
         spec_tree.fill_accept_out_cache_loc,
     ),
+    # No "_cpu" suffix: SGLang's CUDA/MUSA paths use this very name.
+    "tree_speculative_sampling_target_only": (
+        "(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
+        "Tensor candidates, Tensor retrive_index, Tensor retrive_next_token, "
+        "Tensor retrive_next_sibling, Tensor uniform_samples, "
+        "Tensor uniform_samples_for_final_sampling, Tensor target_probs, "
+        "Tensor(d!) draft_probs, float threshold_single=1.0, float threshold_acc=1.0, "
+        "bool deterministic=True) -> ()",
+        spec_sampling.tree_speculative_sampling_target_only,
+    ),
 }
 
 # Kept alive for the life of the process: dropping a Library object unregisters its ops.
 _library: torch.library.Library | None = None
+_defined: set[str] = set()  # names this module put into the dispatcher
+
+
+def defined_here(name: str) -> bool:
+    """True if ``torch.ops.sgl_kernel.<name>`` is our stand-in (not a real kernel's op)."""
+    return name in _defined
 
 
 def _already_defined(name: str) -> bool:
@@ -115,4 +131,5 @@ def register_ops() -> list[str]:
         # are never differentiated.
         _library.impl(name, fn, "CompositeExplicitAutograd")
         added.append(name)
+    _defined.update(added)
     return added

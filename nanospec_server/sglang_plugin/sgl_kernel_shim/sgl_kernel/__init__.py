@@ -39,6 +39,9 @@ from nanospec_server.sglang_plugin.cpu_ops import register_ops as _register_ops
 from nanospec_server.sglang_plugin.cpu_ops import (
     verify_tree_greedy as verify_tree_greedy_cpu,
 )
+from nanospec_server.sglang_plugin.cpu_ops.spec_sampling import (
+    tree_speculative_sampling_target_only,
+)
 
 # Marks this package as the stand-in (a real sgl_kernel never has this attribute).
 IS_NANOSPEC_SHIM = True
@@ -58,5 +61,6 @@ __all__ = [
     "extend_attention_cpu",
     "fill_accept_out_cache_loc_cpu",
     "fill_bonus_tokens_cpu",
+    "tree_speculative_sampling_target_only",
     "verify_tree_greedy_cpu",
 ]
