@@ -1,0 +1,102 @@
+"""`nanospec train-eagle`: argparse wiring for ``run.train_eagle``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from nanospec_server.train.recipe import RECIPES
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _seq_len(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (one input, one target), got {value}")
+    return value
+
+
+def recipe_key(target: str) -> str:
+    """A registry name for ``target``: itself, or the model folder of a prepared ``.../<name>/hf``."""
+    path = Path(target)
+    for candidate in (target, path.name, path.parent.name):
+        if candidate in RECIPES:
+            return candidate
+    return target
+
+
+def _device(text: str) -> str:
+    if text in ("auto", "cpu") or text.startswith("cuda"):
+        return text
+    raise argparse.ArgumentTypeError(f"expected auto, cpu or cuda[:N], got {text!r}")
+
+
+def add_train_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "train-eagle",
+        help="train a full-vocabulary EAGLE-1 draft head for a target model",
+        description=(
+            "Extract the target's hidden states over Python standard-library sources "
+            "(cached), train one EAGLE decoder layer on them and write a directory that "
+            "`nanospec serve --speculative-algorithm EAGLE --speculative-draft-model-path` "
+            f"loads. Recipes with tuned defaults: {', '.join(sorted(RECIPES))}."
+        ),
+    )
+    add = parser.add_argument
+    add("--target", required=True, help="target checkpoint directory or registry model name")
+    add("--output", type=Path, required=True, help="directory to write the draft head to")
+    add("--tokens", type=_positive_int, help="training tokens (default: the recipe's)")
+    add("--val-tokens", type=_positive_int, help="validation tokens (default: the recipe's)")
+    add("--seq-len", type=_seq_len, help="tokens per training row (default: the recipe's)")
+    add("--steps", type=_positive_int, help="optimizer steps (default: the recipe's)")
+    add("--batch-rows", type=_positive_int, help="rows per step (default: the recipe's)")
+    add("--lr", type=_positive_float, help="peak learning rate (default: the recipe's)")
+    add("--cls-stride", type=_positive_int, help="LM-head loss on every N-th position")
+    add("--seed", type=int, default=0, help="corpus shuffle and init seed (default: 0)")
+    add("--device", type=_device, default="auto", help="auto (CUDA if present), cpu or cuda[:N]")
+    add(
+        "--cache-dir",
+        type=Path,
+        help="feature cache root (default: <nanospec cache>/train-features)",
+    )
+    add("--max-cache-gb", type=_positive_float, default=4.0, help="refuse larger feature caches")
+    add("--include-embedding", action="store_true",
+        help="also store the embedding table (SGLang replaces it with the target's anyway)")  # fmt: skip
+    parser.set_defaults(func=run_train_command)
+    return parser
+
+
+def run_train_command(args: argparse.Namespace) -> int:
+    from nanospec_server.train.recipe import recipe_for
+    from nanospec_server.train.run import TrainRequest, train_eagle
+
+    recipe = recipe_for(
+        recipe_key(args.target),
+        tokens=args.tokens, val_tokens=args.val_tokens, seq_len=args.seq_len,
+        steps=args.steps, batch_rows=args.batch_rows, lr=args.lr, cls_stride=args.cls_stride,
+    )  # fmt: skip
+    request = TrainRequest(
+        target=args.target, output=args.output, recipe=recipe, seed=args.seed,
+        device=args.device, cache_dir=args.cache_dir, max_cache_gb=args.max_cache_gb,
+        include_embedding=args.include_embedding,
+    )  # fmt: skip
+    report = train_eagle(request)
+    last = report.loop.evals[-1]
+    print(
+        f"nanospec: wrote {report.output} (extract {report.extract_seconds:.0f} s, "
+        f"train {report.loop.seconds:.0f} s, val top-1 {last['top1']:.3f})"
+    )
+    return 0

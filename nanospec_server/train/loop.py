@@ -1,0 +1,130 @@
+"""The training loop: AdamW over the head's parameters, target features from the cache.
+
+Precision: the head trains in fp32 on CPU (it is small, and bf16 autocast on CPU
+gave no reliable speed-up for these shapes); on CUDA under bf16 autocast. The
+frozen embedding and LM head stay in bf16 on CUDA and fp32 on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from nanospec_server.train.head import EagleHead
+from nanospec_server.train.loss import LossWeights, eagle_loss
+from nanospec_server.train.schedule import cosine_lr
+from nanospec_server.train.target import SharedWeights
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    steps: int
+    batch_rows: int
+    lr: float
+    warmup_steps: int
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    eval_every: int = 0  # 0: only at the start and the end
+    loss: LossWeights = field(default_factory=LossWeights)
+
+
+@dataclass
+class LoopResult:
+    train_loss: list[float]  # total loss per step
+    evals: list[dict]  # {"step", "regression", "top1"} on the validation rows
+    seconds: float
+    tokens_per_second: float
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _step_inputs(input_ids: torch.Tensor, hidden: torch.Tensor, shared: SharedWeights, device):
+    """Teacher forcing: position i sees token i+1 and feature i, predicts feature i+1."""
+    ids = input_ids.to(device)
+    features = hidden.to(device, torch.float32)
+    next_embeds = shared.embed[ids[:, 1:]].float()
+    positions = torch.arange(ids.shape[1] - 1, device=device)
+    return next_embeds, features[:, :-1], features[:, 1:], positions
+
+
+@torch.no_grad()
+def evaluate(
+    head, rows: tuple[torch.Tensor, torch.Tensor], shared, cfg: LoopConfig, device
+) -> dict:
+    head.eval()
+    input_ids, hidden = rows
+    totals = {"regression": 0.0, "top1": 0.0}
+    batches = 0
+    # Every position counts for validation top-1 (stride 1), not just the sampled ones.
+    weights = LossWeights(cfg.loss.regression, cfg.loss.classification, cls_stride=1)
+    for start in range(0, len(input_ids), cfg.batch_rows):
+        stop = start + cfg.batch_rows
+        embeds, features, targets, positions = _step_inputs(
+            input_ids[start:stop], hidden[start:stop], shared, device
+        )
+        with _autocast(device):
+            predicted = head(embeds, features, positions).float()
+        parts = eagle_loss(predicted, targets, shared.lm_head, weights)
+        totals["regression"] += parts.regression
+        totals["top1"] += parts.top1
+        batches += 1
+    head.train()
+    return {key: value / max(1, batches) for key, value in totals.items()}
+
+
+def train(
+    head: EagleHead,
+    train_rows: tuple[torch.Tensor, torch.Tensor],
+    val_rows: tuple[torch.Tensor, torch.Tensor],
+    shared: SharedWeights,
+    cfg: LoopConfig,
+    device: torch.device,
+    generator: torch.Generator,
+) -> LoopResult:
+    input_ids, hidden = train_rows
+    optimizer = torch.optim.AdamW(
+        head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+    )
+    evals = [{"step": 0, **evaluate(head, val_rows, shared, cfg, device)}]
+    losses: list[float] = []
+    order = torch.randperm(len(input_ids), generator=generator)
+    cursor = 0
+    started = time.monotonic()
+    bar = tqdm(range(cfg.steps), desc="train-eagle", unit="step")
+    for step in bar:
+        if cursor + cfg.batch_rows > len(order):  # next epoch, reshuffled
+            order, cursor = torch.randperm(len(input_ids), generator=generator), 0
+        batch = order[cursor : cursor + cfg.batch_rows]
+        cursor += cfg.batch_rows
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup_steps)
+        embeds, features, targets, positions = _step_inputs(
+            input_ids[batch], hidden[batch], shared, device
+        )
+        with _autocast(device):
+            predicted = head(embeds, features, positions).float()
+        offset = step % cfg.loss.cls_stride  # rotate the sampled positions across steps
+        parts = eagle_loss(predicted, targets, shared.lm_head, cfg.loss, offset)
+        if not math.isfinite(parts.total.item()):
+            raise FloatingPointError(f"loss is {parts.total.item()} at step {step}")
+        optimizer.zero_grad(set_to_none=True)
+        parts.total.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+        optimizer.step()
+        losses.append(parts.total.item())
+        bar.set_postfix(loss=f"{parts.total.item():.3f}", top1=f"{parts.top1:.2f}")
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+            evals.append({"step": step + 1, **evaluate(head, val_rows, shared, cfg, device)})
+    seconds = time.monotonic() - started
+    evals.append({"step": cfg.steps, **evaluate(head, val_rows, shared, cfg, device)})
+    tokens = cfg.steps * cfg.batch_rows * (input_ids.shape[1] - 1)
+    return LoopResult(losses, evals, seconds, tokens / max(seconds, 1e-9))

@@ -1,0 +1,127 @@
+"""`train_eagle`: corpus -> cached target features -> trained head -> SGLang draft dir."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from nanospec_server.models.paths import cache_root
+from nanospec_server.train.corpus import CorpusSpec, Split
+from nanospec_server.train.export import export_head
+from nanospec_server.train.features import (
+    FeatureCacheSpec,
+    build_cache,
+    cache_dir_for,
+    check_size,
+    load_cache,
+)
+from nanospec_server.train.head import EagleHead, HeadConfig
+from nanospec_server.train.loop import LoopConfig, LoopResult, train
+from nanospec_server.train.loss import LossWeights
+from nanospec_server.train.recipe import Recipe
+from nanospec_server.train.target import (
+    eagle_architecture,
+    load_shared_weights,
+    load_target,
+    load_tokenizer,
+    pick_device,
+    read_config,
+    resolve_target,
+)
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    target: str  # checkpoint directory or registry name
+    output: Path
+    recipe: Recipe
+    seed: int = 0
+    device: str = "auto"
+    cache_dir: Path | None = None  # default: <nanospec cache>/train-features
+    max_cache_gb: float = 4.0
+    include_embedding: bool = False
+
+
+@dataclass
+class TrainReport:
+    output: Path
+    extract_seconds: float
+    loop: LoopResult
+
+
+def _feature_caches(request: TrainRequest, target_dir: Path, hidden_size: int, device) -> tuple:
+    recipe = request.recipe
+    root = request.cache_dir or cache_root() / "train-features"
+    specs = {
+        split: FeatureCacheSpec(CorpusSpec(split, tokens, recipe.seq_len, request.seed))
+        for split, tokens in ((Split.TRAIN, recipe.tokens), (Split.VAL, recipe.val_tokens))
+    }
+    check_size(recipe.tokens + recipe.val_tokens, hidden_size, int(request.max_cache_gb * 1e9))
+    dirs = {split: cache_dir_for(root, target_dir, spec) for split, spec in specs.items()}
+    if not all((d / "manifest.json").is_file() for d in dirs.values()):
+        target = load_target(target_dir, device)
+        tokenizer = load_tokenizer(target_dir)
+
+        def encode(text: str) -> list[int]:
+            return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+        for split, spec in specs.items():
+            build_cache(dirs[split], spec, target, encode, device, f"features/{split.value}")
+        del target  # free its memory before training
+        gc.collect()
+    return load_cache(dirs[Split.TRAIN]), load_cache(dirs[Split.VAL])
+
+
+def train_eagle(request: TrainRequest) -> TrainReport:
+    device = pick_device(request.device)
+    torch.manual_seed(request.seed)
+    target_dir = resolve_target(request.target)
+    target_config = read_config(target_dir)
+    eagle_architecture(target_config)  # fail before the slow part on unsupported targets
+    head_config = HeadConfig.from_target(target_config)
+
+    started = time.monotonic()
+    train_rows, val_rows = _feature_caches(request, target_dir, head_config.hidden_size, device)
+    extract_seconds = time.monotonic() - started
+
+    shared_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shared = load_shared_weights(target_dir, shared_dtype, device)
+    generator = torch.Generator().manual_seed(request.seed)
+    head = EagleHead(head_config)
+    head.reset_parameters(generator)
+    head.to(device)
+    recipe = request.recipe
+    loop_config = LoopConfig(
+        steps=recipe.steps,
+        batch_rows=recipe.batch_rows,
+        lr=recipe.lr,
+        warmup_steps=min(recipe.warmup_steps, max(1, recipe.steps // 10)),
+        eval_every=max(0, recipe.steps // 4),
+        loss=LossWeights(cls_stride=recipe.cls_stride),
+    )
+    result = train(head, train_rows, val_rows, shared, loop_config, device, generator)
+
+    info = {
+        "target": str(target_dir),
+        "recipe": asdict(recipe),
+        "seed": request.seed,
+        "device": str(device),
+        "corpus": "Python stdlib *.py (nanospec_server/train/corpus.py), split by file hash",
+        "train_rows": int(train_rows[0].shape[0]),
+        "val_rows": int(val_rows[0].shape[0]),
+        "extract_seconds": round(extract_seconds, 1),
+        "train_seconds": round(result.seconds, 1),
+        "train_tokens_per_second": round(result.tokens_per_second, 1),
+        "first_loss": result.train_loss[0],
+        "last_loss": result.train_loss[-1],
+        "evals": result.evals,
+    }
+    embed = shared.embed if request.include_embedding else None
+    export_head(head, target_dir, target_config, request.output, info, embed)
+    (request.output / "train_loss.json").write_text(json.dumps(result.train_loss) + "\n")
+    return TrainReport(request.output, extract_seconds, result)
