@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from nanospec_server.config import CONFIG_ENV, Mode, NanoSpecConfig
 from nanospec_server.models.cli import add_models_commands
 from nanospec_server.models.errors import ModelPrepareError
+from nanospec_server.train.cli import add_train_command
 
 
 def _add_serve_command(commands: argparse._SubParsersAction) -> None:
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_command(commands)
     _add_token_map_command(commands)
     add_models_commands(commands)
+    add_train_command(commands)
     return parser
 
 
