@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from nanospec_server.bench.server import generate, running_server, speculative_flags
 from nanospec_server.config import Mode
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/data/specbench/question.jsonl"
@@ -49,15 +51,27 @@ def spec_bench_prompts(tokenizer_dir: Path, count: int) -> list[list[int]]:
 
 
 def tiny_setup(count: int) -> tuple[list[str], list[list[int]]]:
-    """The agree pair: chain prompts (continuation in context) and random ones."""
+    """The agree pair (its draft predicts the context-free target exactly): half the prompts
+    hold their own continuation (a chain of the target's successors, then its first token
+    again), half are random, so the modes differ only in what their vocabularies hold."""
     from nanospec_server.models.tiny import tiny_model_path
-    from tests.serving.conftest import make_prompts, speculative_flags
-    from tests.serving.test_nanospec_modes import CHAIN_PROMPTS
+    from nanospec_server.models.tiny_weights import SEEDS, agree_successor
+    from nanospec_server.models.tokenizer import BOS_ID, VOCAB_SIZE
 
+    successor = agree_successor(VOCAB_SIZE, SEEDS["agree-target"])[0].tolist()
+    rng = random.Random(0)
+    prompts = []
+    for i in range(count):
+        start = rng.randrange(3, VOCAB_SIZE)
+        if i % 2 == 0:
+            chain = [start]
+            while len(chain) < 80:
+                chain.append(successor[chain[-1]])
+            prompts.append([BOS_ID, *chain, start])
+        else:
+            prompts.append([BOS_ID] + [rng.randrange(3, VOCAB_SIZE) for _ in range(80)])
     flags = ["--model-path", str(tiny_model_path("agree-target")), "--max-total-tokens", "16384"]
-    flags += speculative_flags("EAGLE", "agree-eagle", 3, 1, 4)
-    half = count // 2
-    return flags, CHAIN_PROMPTS[:half] + make_prompts(max(count - half, 4), seed=1)[: count - half]
+    return flags + speculative_flags("EAGLE", "agree-eagle", 3, 1, 4), prompts
 
 
 def real_setup(count: int) -> tuple[list[str], list[list[int]]]:
@@ -69,8 +83,6 @@ def real_setup(count: int) -> tuple[list[str], list[list[int]]]:
 
 
 def run_mode(mode: str, flags: list[str], prompts: list[list[int]], max_new: int, w_max: int):
-    from tests.serving.server import generate, running_server
-
     mode_flags = ["--nanospec-mode", mode, "--nanospec-w-max", str(w_max)]
     if mode == Mode.STATIC.value:
         mode_flags += ["--speculative-token-map", str(static_token_map(flags))]

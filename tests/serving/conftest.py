@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from nanospec_server.bench.server import generate, running_server
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tokenizer import BOS_ID, VOCAB_SIZE
-from tests.serving.server import generate, running_server
 
 MAX_NEW_TOKENS = 24
 # Shared flags: small KV pool (the tiny models need little), fp32 so that the random
@@ -33,16 +33,6 @@ def generate_all(
         max_new_tokens = [max_new_tokens] * len(prompts)
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
         return list(pool.map(lambda p, n: generate(url, p, n), prompts, max_new_tokens))
-
-
-def speculative_flags(algorithm: str, draft: str, steps: int, topk: int, tokens: int) -> list[str]:
-    return [
-        "--speculative-algorithm", algorithm,
-        "--speculative-draft-model-path", str(tiny_model_path(draft)),
-        "--speculative-num-steps", str(steps),
-        "--speculative-eagle-topk", str(topk),
-        "--speculative-num-draft-tokens", str(tokens),
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="session")

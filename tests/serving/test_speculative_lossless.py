@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.serving.conftest import generate_all, make_prompts, speculative_flags
+from nanospec_server.bench.server import speculative_flags
+from tests.serving.conftest import generate_all, make_prompts
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 

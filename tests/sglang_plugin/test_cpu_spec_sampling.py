@@ -323,9 +323,9 @@ def test_eagle_samples_on_cpu(tmp_path) -> None:
 
     import transformers
 
+    from nanospec_server.bench.server import generate, running_server, speculative_flags
     from nanospec_server.models.tiny import tiny_model_path
-    from tests.serving.conftest import BASE_FLAGS, speculative_flags
-    from tests.serving.server import generate, running_server
+    from tests.serving.conftest import BASE_FLAGS
 
     target = tiny_model_path("tiny-target")
     flags = ["--model-path", str(target), *BASE_FLAGS]

@@ -1,4 +1,4 @@
-"""Start `nanospec serve` as a real subprocess for integration tests."""
+"""Run `nanospec serve` as a subprocess and talk to it: for benchmarks and integration tests."""
 
 from __future__ import annotations
 
@@ -80,3 +80,20 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int, **sampling) ->
     if response.status_code != 200:
         raise requests.HTTPError(f"{response.status_code}: {response.text}", response=response)
     return response.json()
+
+
+def speculative_flags(
+    algorithm: str, draft: str | Path, steps: int, topk: int, tokens: int
+) -> list[str]:
+    """SGLang's speculative flags; `draft` is a path or a tiny model's name."""
+    if not Path(draft).exists():
+        from nanospec_server.models.tiny import tiny_model_path
+
+        draft = tiny_model_path(str(draft))
+    return [
+        "--speculative-algorithm", algorithm,
+        "--speculative-draft-model-path", str(draft),
+        "--speculative-num-steps", str(steps),
+        "--speculative-eagle-topk", str(topk),
+        "--speculative-num-draft-tokens", str(tokens),
+    ]  # fmt: skip
