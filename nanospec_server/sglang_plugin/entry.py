@@ -13,6 +13,7 @@ logger = logging.getLogger(__name__)
 
 HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+TOKENIZER_MANAGER_MODULE = "sglang.srt.managers.tokenizer_manager"
 
 
 def register() -> None:
@@ -24,6 +25,16 @@ def register() -> None:
 
         install_routes(http_server.app)
         logger.info("nanospec: admin routes installed")
+    if TOKENIZER_MANAGER_MODULE in sys.modules:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        from nanospec_server.sglang_plugin.request_checks import check_input_ids
+
+        HookRegistry.register(
+            f"{TOKENIZER_MANAGER_MODULE}.TokenizerManager._validate_one_request",
+            check_input_ids,
+            HookType.BEFORE,
+        )
     # Draft-worker hooks wait for a Scheduler to be built, so only scheduler processes
     # import the speculative modules (and only when speculation is on).
     if SCHEDULER_MODULE in sys.modules:

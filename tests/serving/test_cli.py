@@ -1,0 +1,52 @@
+"""`nanospec serve` as a user runs it: the offline default answers, bad flags are named."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from nanospec_server.bench.server import running_server
+
+BAD_FLAGS = [
+    (["--nanospec-mode", "bogus"], "--nanospec-mode"),
+    (["--nanospec-w-max", "0"], "--nanospec-w-max"),
+    (["--nanospec-w-max", "64", "--nanospec-w-cap", "32"], "w_cap"),
+    (["--nanospec-mode", "static"], "--speculative-token-map"),
+    (["--speculative-use-rejection-sampling"], "--speculative-use-rejection-sampling"),
+    (["--tp-size", "2"], "--tp-size"),
+    (["--tokenizer-worker-num", "2"], "--tokenizer-worker-num"),
+]
+
+
+@pytest.mark.parametrize(("flags", "named"), BAD_FLAGS)
+def test_bad_flags_fail_fast_naming_the_flag(flags: list[str], named: str) -> None:
+    command = [sys.executable, "-m", "nanospec_server.cli", "serve", *flags]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert named in done.stderr, done.stderr
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(600)
+def test_tiny_default_serves_text_and_chat(tmp_path) -> None:
+    flags = ["--tiny", "--mem-fraction-static", "0.3"]
+    with running_server(flags, tmp_path / "server.log") as url:
+        text = {"text": "The cat sat", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+        answer = requests.post(f"{url}/generate", json=text, timeout=120).json()
+        assert answer["meta_info"]["completion_tokens"] == 8
+        assert answer["meta_info"]["nanospec"][-1]["mode"] == "nanospec"
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        reply = requests.post(f"{url}/v1/chat/completions", json=chat, timeout=120).json()
+        assert reply["usage"]["completion_tokens"] >= 1
+        config = requests.get(f"{url}/nanospec/config", timeout=30).json()
+        assert config == {"mode": "nanospec", "w_max": 3072, "w_cap": 3072, "k_pre": 3, "k_ver": 3}
+        bad = requests.post(f"{url}/generate", json={"input_ids": [10**9]}, timeout=60)
+        assert 400 <= bad.status_code < 500
+        # the bad request did not take the server down
+        again = requests.post(f"{url}/generate", json=text, timeout=120).json()
+        assert again["output_ids"] == answer["output_ids"]
+    log = (tmp_path / "server.log").read_text()
+    assert "nanospec: ready at" in log and "nanospec: stopped" in log
