@@ -44,10 +44,11 @@ def spec_bench_prompts(tokenizer_dir: Path, count: int) -> list[list[int]]:
             if questions and len(picked) < count:
                 picked.append(questions.pop(0))
     messages = [[{"role": "user", "content": row["turns"][0]}] for row in picked]
-    return [
-        tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
+    texts = [
+        tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
         for m in messages
     ]
+    return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
 
 
 def tiny_setup(count: int) -> tuple[list[str], list[list[int]]]:
