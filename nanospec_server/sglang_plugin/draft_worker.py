@@ -31,7 +31,7 @@ class NanoSpecDraftMixin:
         runtime_module.RUNTIME = self.nanospec
         draft_model = self.draft_runner.model
         draft_model.logits_processor = PackedHeadLogitsProcessor(
-            draft_model.logits_processor, self.nanospec
+            draft_model.logits_processor, self.nanospec, self.topk
         )
         if self.nanospec.vocab is not None:
             # SGLang maps every draft top-k through this table (FR-Spec's path), so local

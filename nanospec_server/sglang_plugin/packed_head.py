@@ -25,15 +25,16 @@ class PackedWeight:
 
 
 class PackedHeadLogitsProcessor(nn.Module):
-    def __init__(self, inner: nn.Module, runtime: NanoSpecRuntime) -> None:
+    def __init__(self, inner: nn.Module, runtime: NanoSpecRuntime, topk: int) -> None:
         super().__init__()
         self.inner = inner
         self.runtime = runtime
+        self.topk = topk  # SGLang takes this many columns of our logits
 
     def forward(self, input_ids, hidden_states, lm_head, forward_batch, *args, **kwargs):
         vocab = self.runtime.vocab
         if vocab is not None:
-            rows, _ = vocab.packed_rows()
+            rows, _ = vocab.packed_rows(min_rows=self.topk)
             lm_head = PackedWeight(rows)
         output = self.inner(input_ids, hidden_states, lm_head, forward_batch, *args, **kwargs)
         logits = output.next_token_logits

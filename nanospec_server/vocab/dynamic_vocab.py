@@ -138,14 +138,17 @@ class DynamicVocab:
         # Impossible entries may land on free rows (id -1): any valid id will do, prob 0.
         return top_probs, ids[top_rows].clamp(min=0)
 
-    def packed_rows(self) -> tuple[Tensor, Tensor]:
+    def packed_rows(self, min_rows: int = 1) -> tuple[Tensor, Tensor]:
         """The packed head rows to multiply by, and their token ids (-1: free row).
 
         For callers that run the matmul themselves (SGLang's logits processor); pair it
-        with ``mask_logits_``. Waits for a pending refresh.
+        with ``mask_logits_``. At least ``min_rows`` rows come back (free ones masked), so a
+        caller's top-k has k columns even when an active set is smaller than k. Waits for
+        a pending refresh.
         """
         self._wait_for_refresh()
-        rows = self.head.capacity if self.static_shapes else int(self.head.count)
+        live = self.head.capacity if self.static_shapes else int(self.head.count)
+        rows = min(max(live, min_rows), self.head.capacity)
         return self.head.buf[:rows], self.head.ids[:rows]
 
     def mask_logits_(self, logits: Tensor, row_slots: Tensor) -> Tensor:
