@@ -70,4 +70,6 @@ def export_head(
         if (target_dir / name).is_file():
             shutil.copyfile(target_dir / name, output / name)
     (output / INFO).write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
+    for path in output.iterdir():
+        path.chmod(0o644)  # safetensors writes owner-only files; a server may run as another user
     return output

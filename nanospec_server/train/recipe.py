@@ -1,9 +1,18 @@
 """Default training sizes per target, chosen to finish on a 2-core CPU in <= 90 minutes.
 
-Measured on this project's 2-core AMD EPYC box (avx512_bf16, shared, niced):
-target feature extraction at seq_len 512 runs ~86 tok/s for Qwen2.5-Coder-0.5B
-(bf16) and ~30 tok/s for 1.5B; head training: see ``nanospec_server/train/README.md``.
-Extraction dominates, so the token budget is what the recipe trades.
+Measured on this project's shared 2-core AMD EPYC box (avx512_bf16, load ~5 from
+other jobs, niced, 2 threads), seq_len 256, 4 rows per step:
+
+* Qwen2.5-Coder-0.5B: feature extraction ~45-50 tok/s (bf16 target), head
+  training ~146 tok/s (7 s per 1020-token step, fp32, LM-head loss on 1/8 of
+  the positions), one validation pass over 2k tokens ~25 s.
+* Qwen2.5-Coder-1.5B: extraction ~14 tok/s while another extraction ran
+  (extrapolated ~15-25 alone); training extrapolated ~3x slower than 0.5B
+  (3.1x the head parameters, 1.7x the LM-head width): ~50 tok/s.
+
+Extraction dominates, so the recipes trade tokens against optimizer steps; see
+``nanospec_server/train/README.md`` for the arithmetic. On a GPU both phases are
+two orders of magnitude faster: pass larger --tokens/--steps there.
 """
 
 from __future__ import annotations
@@ -30,26 +39,28 @@ GENERIC = Recipe(
 )  # fmt: skip
 
 RECIPES: dict[str, Recipe] = {
-    # ~0.5B: ~24 min extraction (124k tok) + ~55 min training (3 epochs) on 2 cores.
+    # 110.6k tok / ~48 tok/s = ~38 min extraction; 360 steps x 7 s = ~42 min training
+    # (3.3 epochs); 5 validation passes ~2 min. Total ~82 min.
     "qwen2.5-coder-0.5b-instruct": Recipe(
-        tokens=122_880,
-        val_tokens=4_096,
-        seq_len=512,
-        steps=720,
+        tokens=110_592,
+        val_tokens=2_048,
+        seq_len=256,
+        steps=360,
         batch_rows=4,
-        lr=5e-4,
-        warmup_steps=30,
+        lr=1e-3,
+        warmup_steps=20,
         cls_stride=8,
     ),  # fmt: skip
-    # ~1.5B: ~32 min extraction (57k tok) + ~50 min training on 2 cores.
+    # 36.9k tok / ~15 tok/s = ~41 min extraction; 130 steps x ~20 s = ~43 min training
+    # (3.6 epochs). Total ~87 min. Extrapolated, not run end to end.
     "qwen2.5-coder-1.5b-instruct": Recipe(
-        tokens=57_344,
-        val_tokens=2_048,
-        seq_len=512,
-        steps=420,
+        tokens=36_864,
+        val_tokens=1_024,
+        seq_len=256,
+        steps=130,
         batch_rows=4,
-        lr=5e-4,
-        warmup_steps=30,
+        lr=1e-3,
+        warmup_steps=10,
         cls_stride=8,
     ),  # fmt: skip
 }

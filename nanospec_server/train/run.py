@@ -122,6 +122,7 @@ def train_eagle(request: TrainRequest) -> TrainReport:
         "evals": result.evals,
     }
     embed = shared.embed if request.include_embedding else None
-    export_head(head, target_dir, target_config, request.output, info, embed)
+    request.output.mkdir(parents=True, exist_ok=True)
     (request.output / "train_loss.json").write_text(json.dumps(result.train_loss) + "\n")
+    export_head(head, target_dir, target_config, request.output, info, embed)
     return TrainReport(request.output, extract_seconds, result)
