@@ -8,6 +8,7 @@ All of them mutate an output argument in place and return nothing, except
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
 
 import torch
 
@@ -33,16 +34,8 @@ def assign_req_to_token_pool(
     Runs for consecutive requests are packed back to back in ``out_cache_loc``.
     """
     del pool_len  # the row stride; implied by req_to_token's shape here
-    reqs = req_pool_indices.tolist()
-    starts = start_offset.tolist()
-    ends = end_offset.tolist()
-    offset = 0
-    for req, start, end in zip(reqs, starts, ends, strict=True):
-        n = int(end) - int(start)
-        if n <= 0:
-            continue
-        req_to_token[req, start:end] = out_cache_loc[offset : offset + n].to(req_to_token.dtype)
-        offset += n
+    for req, start, end, packed in _packed_runs(req_pool_indices, start_offset, end_offset):
+        req_to_token[req, start:end] = out_cache_loc[packed].to(req_to_token.dtype)
 
 
 def assign_extend_cache_locs(
@@ -55,15 +48,21 @@ def assign_extend_cache_locs(
 ) -> None:
     """Gather: ``out_cache_loc[packed run i] = req_to_token[req_i, start_i:end_i]``."""
     del pool_len
-    reqs = req_pool_indices.tolist()
-    starts = start_offset.tolist()
-    ends = end_offset.tolist()
+    for req, start, end, packed in _packed_runs(req_pool_indices, start_offset, end_offset):
+        out_cache_loc[packed] = req_to_token[req, start:end].to(out_cache_loc.dtype)
+
+
+def _packed_runs(
+    req_pool_indices: torch.Tensor, start_offset: torch.Tensor, end_offset: torch.Tensor
+) -> Iterator[tuple[int, int, int, slice]]:
+    """(request row, start, end, its slice of the packed buffer) for each non-empty run."""
     offset = 0
-    for req, start, end in zip(reqs, starts, ends, strict=True):
+    rows = zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist(), strict=True)
+    for req, start, end in rows:
         n = int(end) - int(start)
         if n <= 0:
             continue
-        out_cache_loc[offset : offset + n] = req_to_token[req, start:end].to(out_cache_loc.dtype)
+        yield req, int(start), int(end), slice(offset, offset + n)
         offset += n
 
 
