@@ -17,8 +17,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from nanospec_server.bench.server import generate, running_server
 from nanospec_server.train.target import resolve_target
-from tests.serving.server import generate, running_server
 
 SPECBENCH = Path("/work/shared/data/specbench/question.jsonl")
 
@@ -49,6 +49,14 @@ def run_all(url: str, prompts: list[list[int]], max_new_tokens: int) -> list[dic
         return list(pool.map(lambda ids: generate(url, ids, max_new_tokens), prompts))
 
 
+def _first_difference(got: list[int], want: list[int]) -> int | None:
+    """Index of the first differing output token; None when identical."""
+    for index, (a, b) in enumerate(zip(got, want, strict=False)):
+        if a != b:
+            return index
+    return None if len(got) == len(want) else min(len(got), len(want))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True)
@@ -58,13 +66,14 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--check-plain", action="store_true")
+    parser.add_argument("--dtype", default="auto", help="server --dtype (float32 avoids bf16 ties)")
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp"))
     args = parser.parse_args()
 
     target = resolve_target(args.target)
     prompts = chat_prompts(target, first_turns(args.questions, args.count))
     base = ["--model-path", str(target), "--mem-fraction-static", "0.4",
-            "--max-total-tokens", "16384"]  # fmt: skip
+            "--max-total-tokens", "16384", "--dtype", args.dtype]  # fmt: skip
     plain = None
     if args.check_plain:
         with running_server(base, args.log_dir / "plain.log") as url:
@@ -88,8 +97,11 @@ def main() -> None:
             "tokens_per_verify": round(tokens / max(1, verifies), 3),
             "seconds": round(time.monotonic() - started, 1),
         }
+        extra = {k: v for k, v in results[0]["meta_info"].items() if k.startswith("nanospec")}
+        if extra:
+            line["first_prompt_nanospec_stats"] = extra
         if plain is not None:
-            line["identical_to_plain"] = [r["output_ids"] == p for r, p in zip(results, plain, strict=True)]  # fmt: skip
+            line["first_difference"] = [_first_difference(r["output_ids"], p) for r, p in zip(results, plain, strict=True)]  # fmt: skip
         print(json.dumps(line), flush=True)
 
 
