@@ -22,7 +22,7 @@ from nanospec_server.train.corpus import Split, corpus_files
 from nanospec_server.train.head import EagleHead, HeadConfig
 from nanospec_server.train.target import read_config
 
-TINY_ARGS = ["--tokens", "16384", "--val-tokens", "1024", "--seq-len", "128", "--steps", "120",
+TINY_ARGS = ["--tokens", "32768", "--val-tokens", "1024", "--seq-len", "128", "--steps", "300",
              "--lr", "3e-3"]  # fmt: skip
 NEW_TOKENS = 32
 EXPECTED_TENSORS = {
@@ -105,7 +105,7 @@ def tiny_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_training_lowers_the_loss(tiny_head: Path) -> None:
     losses = json.loads((tiny_head / "train_loss.json").read_text())
-    assert len(losses) == 120
+    assert len(losses) == 300
     assert sum(losses[-5:]) < 0.7 * sum(losses[:5]), losses
     evals = json.loads((tiny_head / "nanospec_head.json").read_text())["evals"]
     assert evals[-1]["regression"] < evals[0]["regression"]
@@ -162,7 +162,7 @@ def test_sglang_serves_the_trained_head_losslessly(tiny_head: Path, tmp_path: Pa
     from nanospec_server.bench.server import generate, running_server
 
     target = tiny_model_path("tiny-target")
-    prompts = _prompts(target, count=4, length=80)
+    prompts = _prompts(target, count=6, length=80)
     expected = _hf_greedy(target, prompts, NEW_TOKENS)
     base = ["--model-path", str(target), "--max-total-tokens", "8192",
             "--mem-fraction-static", "0.3", "--dtype", "float32"]  # fmt: skip
@@ -172,8 +172,9 @@ def test_sglang_serves_the_trained_head_losslessly(tiny_head: Path, tmp_path: Pa
         assert result["output_ids"] == want
         assert result["meta_info"]["spec_verify_ct"] > 0
     accept = [r["meta_info"]["spec_accept_length"] for r in results]
+    print(f"trained tiny head acceptance lengths: {accept}")
     # Random tiny-eagle gets ~1.04 on these prompts; a head SGLang computed differently
-    # from training would too. Trained for 120 steps it gets ~1.2.
+    # from training would too. Trained for 300 steps it gets ~1.36 (measured).
     assert sum(accept) / len(accept) > 1.1, accept
 
 
