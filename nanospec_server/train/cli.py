@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from nanospec_server.train.precision import CHOICES
 from nanospec_server.train.recipe import RECIPES
 
 
@@ -73,6 +74,8 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
         help="feature cache root (default: <nanospec cache>/train-features)",
     )
     add("--max-cache-gb", type=_positive_float, default=4.0, help="refuse larger feature caches")
+    add("--precision", choices=CHOICES, default="auto",
+        help="bf16 autocast or fp32 (auto: bf16 on CUDA and on CPUs with native bf16)")  # fmt: skip
     add("--include-embedding", action="store_true",
         help="also store the embedding table (SGLang replaces it with the target's anyway)")  # fmt: skip
     parser.set_defaults(func=run_train_command)
@@ -91,7 +94,7 @@ def run_train_command(args: argparse.Namespace) -> int:
     request = TrainRequest(
         target=args.target, output=args.output, recipe=recipe, seed=args.seed,
         device=args.device, cache_dir=args.cache_dir, max_cache_gb=args.max_cache_gb,
-        include_embedding=args.include_embedding,
+        include_embedding=args.include_embedding, precision=args.precision,
     )  # fmt: skip
     report = train_eagle(request)
     last = report.loop.evals[-1]

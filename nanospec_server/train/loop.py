@@ -1,13 +1,11 @@
 """The training loop: AdamW over the head's parameters, target features from the cache.
 
-Precision: the head trains in fp32 on CPU (it is small, and bf16 autocast on CPU
-gave no reliable speed-up for these shapes); on CUDA under bf16 autocast. The
-frozen embedding and LM head stay in bf16 on CUDA and fp32 on CPU.
+Precision (``precision.py``): fp32 master weights and optimizer state; with ``bf16``
+the head runs under bf16 autocast and the frozen LM head is stored in bf16 too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,6 +15,7 @@ from tqdm import tqdm
 
 from nanospec_server.train.head import EagleHead
 from nanospec_server.train.loss import LossWeights, eagle_loss
+from nanospec_server.train.precision import autocast
 from nanospec_server.train.schedule import cosine_lr
 from nanospec_server.train.target import SharedWeights
 
@@ -30,6 +29,7 @@ class LoopConfig:
     weight_decay: float = 0.0
     grad_clip: float = 0.5
     eval_every: int = 0  # 0: only at the start and the end
+    bf16: bool = False  # bf16 autocast (see precision.py)
     loss: LossWeights = field(default_factory=LossWeights)
 
 
@@ -39,12 +39,6 @@ class LoopResult:
     evals: list[dict]  # {"step", "regression", "top1"} on the validation rows
     seconds: float
     tokens_per_second: float
-
-
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def _step_inputs(input_ids: torch.Tensor, hidden: torch.Tensor, shared: SharedWeights, device):
@@ -71,7 +65,7 @@ def evaluate(
         embeds, features, targets, positions = _step_inputs(
             input_ids[start:stop], hidden[start:stop], shared, device
         )
-        with _autocast(device):
+        with autocast(cfg.bf16, device):
             predicted = head(embeds, features, positions).float()
         parts = eagle_loss(predicted, targets, shared.lm_head, weights)
         totals["regression"] += parts.regression
@@ -110,7 +104,7 @@ def train(
         embeds, features, targets, positions = _step_inputs(
             input_ids[batch], hidden[batch], shared, device
         )
-        with _autocast(device):
+        with autocast(cfg.bf16, device):
             predicted = head(embeds, features, positions).float()
         offset = step % cfg.loss.cls_stride  # rotate the sampled positions across steps
         parts = eagle_loss(predicted, targets, shared.lm_head, cfg.loss, offset)

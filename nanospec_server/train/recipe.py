@@ -5,7 +5,7 @@ other jobs, niced, 2 threads), seq_len 256, 4 rows per step:
 
 * Qwen2.5-Coder-0.5B: feature extraction ~45-50 tok/s (bf16 target), head
   training ~146 tok/s (7 s per 1020-token step, fp32, LM-head loss on 1/8 of
-  the positions), one validation pass over 2k tokens ~25 s.
+  the positions; bf16 autocast is ~1.37x faster, so these times have slack), one validation pass over 2k tokens ~25 s.
 * Qwen2.5-Coder-1.5B: extraction ~14 tok/s while another extraction ran
   (extrapolated ~15-25 alone); training extrapolated ~3x slower than 0.5B
   (3.1x the head parameters, 1.7x the LM-head width): ~50 tok/s.

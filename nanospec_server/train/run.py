@@ -23,6 +23,7 @@ from nanospec_server.train.features import (
 from nanospec_server.train.head import EagleHead, HeadConfig
 from nanospec_server.train.loop import LoopConfig, LoopResult, train
 from nanospec_server.train.loss import LossWeights
+from nanospec_server.train.precision import use_bf16
 from nanospec_server.train.recipe import Recipe
 from nanospec_server.train.target import (
     eagle_architecture,
@@ -45,6 +46,7 @@ class TrainRequest:
     cache_dir: Path | None = None  # default: <nanospec cache>/train-features
     max_cache_gb: float = 4.0
     include_embedding: bool = False
+    precision: str = "auto"  # auto | bf16 | fp32, see precision.py
 
 
 @dataclass
@@ -89,7 +91,8 @@ def train_eagle(request: TrainRequest) -> TrainReport:
     train_rows, val_rows = _feature_caches(request, target_dir, head_config.hidden_size, device)
     extract_seconds = time.monotonic() - started
 
-    shared_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    bf16 = use_bf16(request.precision, device)
+    shared_dtype = torch.bfloat16 if bf16 else torch.float32
     shared = load_shared_weights(target_dir, shared_dtype, device)
     generator = torch.Generator().manual_seed(request.seed)
     head = EagleHead(head_config)
@@ -103,6 +106,7 @@ def train_eagle(request: TrainRequest) -> TrainReport:
         warmup_steps=min(recipe.warmup_steps, max(1, recipe.steps // 10)),
         eval_every=max(0, recipe.steps // 4),
         loss=LossWeights(cls_stride=recipe.cls_stride),
+        bf16=bf16,
     )
     result = train(head, train_rows, val_rows, shared, loop_config, device, generator)
 
@@ -111,6 +115,7 @@ def train_eagle(request: TrainRequest) -> TrainReport:
         "recipe": asdict(recipe),
         "seed": request.seed,
         "device": str(device),
+        "bf16": bf16,
         "corpus": "Python stdlib *.py (nanospec_server/train/corpus.py), split by file hash",
         "train_rows": int(train_rows[0].shape[0]),
         "val_rows": int(val_rows[0].shape[0]),
