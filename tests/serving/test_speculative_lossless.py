@@ -1,5 +1,8 @@
 """SGLang's real scheduler and speculative workers on this CPU: greedy output with
-speculation is token-identical to plain decoding, and an agreeing draft is fully accepted."""
+speculation is token-identical to plain decoding, and an agreeing draft is fully accepted.
+
+These run stock EAGLE/STANDALONE (`--nanospec-mode full`): the foundation under our modes.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +14,23 @@ from tests.serving.conftest import generate_all, make_prompts
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 PROMPTS = make_prompts(count=10, seed=7)
+
+
+def stock(algorithm: str, draft: str, steps: int, topk: int, tokens: int) -> list[str]:
+    return speculative_flags(algorithm, draft, steps, topk, tokens) + ["--nanospec-mode", "full"]
+
+
 SPECULATIVE_CONFIGS = {
-    "eagle-topk1": ("tiny-target", speculative_flags("EAGLE", "tiny-eagle", 3, 1, 4)),
-    "eagle-topk2": ("tiny-target", speculative_flags("EAGLE", "tiny-eagle", 3, 2, 6)),
+    "eagle-topk1": ("tiny-target", stock("EAGLE", "tiny-eagle", 3, 1, 4)),
+    "eagle-topk2": ("tiny-target", stock("EAGLE", "tiny-eagle", 3, 2, 6)),
     "standalone-topk2": (
         "tiny-target",
-        speculative_flags("STANDALONE", "tiny-standalone", 3, 2, 6),
+        stock("STANDALONE", "tiny-standalone", 3, 2, 6),
     ),
-    "agree-eagle": ("agree-target", speculative_flags("EAGLE", "agree-eagle", 3, 1, 4)),
+    "agree-eagle": ("agree-target", stock("EAGLE", "agree-eagle", 3, 1, 4)),
     "agree-standalone-topk2": (
         "agree-target",
-        speculative_flags("STANDALONE", "agree-standalone", 3, 2, 6),
+        stock("STANDALONE", "agree-standalone", 3, 2, 6),
     ),
 }
 
