@@ -117,7 +117,7 @@ class DynamicVocab:
     def topk(self, hidden: Tensor, row_slots: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """Top-k of softmax over each row's active vocabulary: (probs [N, k], global ids)."""
         self._wait_for_refresh()
-        head, in_set = self.head, self.window.in_set
+        head = self.head
         # CPU: slice to the live rows (reading the count is free there). CUDA: fixed shapes
         # for graphs; the Triton kernel skips the rows past the count on the device.
         rows = head.capacity if self.static_shapes else int(head.count)
@@ -125,10 +125,7 @@ class DynamicVocab:
         logits = ops.packed_logits(hidden, buf, head.count)
         live_only = not self.static_shapes or ops.packed_logits_reads_live_rows_only(buf)
         self._rows_read = head.count.clone() if live_only else rows
-        row_base = row_slots.to(self.device, torch.int64).unsqueeze(1) * in_set.shape[1]
-        allowed = in_set.view(-1)[row_base + ids.clamp(min=0)] & (ids >= 0)
-        allowed |= torch.arange(rows, device=self.device) < head.num_pinned
-        logits = logits.masked_fill(~allowed, float("-inf"))
+        logits = logits.masked_fill(~self._allowed(ids, row_slots), float("-inf"))
         if rows < k:  # fewer rows than k: pad with impossible entries
             logits = torch.nn.functional.pad(logits, (0, k - rows), value=float("-inf"))
             ids = torch.nn.functional.pad(ids, (0, k - rows), value=-1)
@@ -154,12 +151,15 @@ class DynamicVocab:
     def mask_logits_(self, logits: Tensor, row_slots: Tensor) -> Tensor:
         """In place: -inf wherever a packed row is not in that logits row's active set."""
         ids = self.head.ids[: logits.shape[1]]
+        self._rows_read = self.head.count.clone() if self.static_shapes else len(ids)
+        return logits.masked_fill_(~self._allowed(ids, row_slots), float("-inf"))
+
+    def _allowed(self, ids: Tensor, row_slots: Tensor) -> Tensor:
+        """[N, R]: packed row r (token ``ids[r]``, -1 if free) is in row n's active set."""
         in_set = self.window.in_set
         row_base = row_slots.to(self.device, torch.int64).unsqueeze(1) * in_set.shape[1]
         allowed = in_set.view(-1)[row_base + ids.clamp(min=0)] & (ids >= 0)
-        allowed |= torch.arange(len(ids), device=self.device) < self.head.num_pinned
-        self._rows_read = self.head.count.clone() if self.static_shapes else len(ids)
-        return logits.masked_fill_(~allowed, float("-inf"))
+        return allowed | (torch.arange(len(ids), device=self.device) < self.head.num_pinned)
 
     # -- statistics ---------------------------------------------------------------------
 
