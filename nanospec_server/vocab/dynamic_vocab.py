@@ -151,7 +151,7 @@ class DynamicVocab:
     def mask_logits_(self, logits: Tensor, row_slots: Tensor) -> Tensor:
         """In place: -inf wherever a packed row is not in that logits row's active set."""
         ids = self.head.ids[: logits.shape[1]]
-        self._rows_read = self.head.count.clone() if self.static_shapes else len(ids)
+        self._rows_read = len(ids)  # the caller multiplied every row it was given
         return logits.masked_fill_(~self._allowed(ids, row_slots), float("-inf"))
 
     def _allowed(self, ids: Tensor, row_slots: Tensor) -> Tensor:
