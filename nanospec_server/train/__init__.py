@@ -1,7 +1,8 @@
 """`nanospec train-eagle`: train a full-vocabulary EAGLE-1 draft head for a target model.
 
-Pipeline: ``corpus`` (Python standard-library sources, split by file) ->
-``features`` (teacher-forced target hidden states, cached to disk) -> ``loop``
-(one decoder layer, ``head``, trained with ``loss``) -> ``export`` (a directory
-SGLang loads as ``--speculative-draft-model-path``). ``recipe`` holds the defaults.
+Pipeline: ``prompts`` (chat requests composed offline, split by hash) -> ``distill``
+(the target answers them greedily; its hidden states are kept) -> ``features``
+(cached to disk) -> ``loop`` (one decoder layer, ``head``, trained with ``loss``) ->
+``export`` (a directory SGLang loads as ``--speculative-draft-model-path``).
+``recipe`` holds the defaults.
 """

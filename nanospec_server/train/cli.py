@@ -50,7 +50,7 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "train-eagle",
         help="train a full-vocabulary EAGLE-1 draft head for a target model",
         description=(
-            "Extract the target's hidden states over Python standard-library sources "
+            "Let the target answer chat prompts composed offline, keep its hidden states "
             "(cached), train one EAGLE decoder layer on them and write a directory that "
             "`nanospec serve --speculative-algorithm EAGLE --speculative-draft-model-path` "
             f"loads. Recipes with tuned defaults: {', '.join(sorted(RECIPES))}."
@@ -66,6 +66,7 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
     add("--batch-rows", type=_positive_int, help="rows per step (default: the recipe's)")
     add("--lr", type=_positive_float, help="peak learning rate (default: the recipe's)")
     add("--cls-stride", type=_positive_int, help="LM-head loss on every N-th position")
+    add("--cls-weight", type=_positive_float, help="weight of the LM-head loss (regression: 1)")
     add("--seed", type=int, default=0, help="corpus shuffle and init seed (default: 0)")
     add("--device", type=_device, default="auto", help="auto (CUDA if present), cpu or cuda[:N]")
     add(
@@ -90,6 +91,7 @@ def run_train_command(args: argparse.Namespace) -> int:
         recipe_key(args.target),
         tokens=args.tokens, val_tokens=args.val_tokens, seq_len=args.seq_len,
         steps=args.steps, batch_rows=args.batch_rows, lr=args.lr, cls_stride=args.cls_stride,
+        cls_weight=args.cls_weight,
     )  # fmt: skip
     request = TrainRequest(
         target=args.target, output=args.output, recipe=recipe, seed=args.seed,
@@ -99,7 +101,7 @@ def run_train_command(args: argparse.Namespace) -> int:
     report = train_eagle(request)
     last = report.loop.evals[-1]
     print(
-        f"nanospec: wrote {report.output} (extract {report.extract_seconds:.0f} s, "
+        f"nanospec: wrote {report.output} (generate {report.generate_seconds:.0f} s, "
         f"train {report.loop.seconds:.0f} s, val top-1 {last['top1']:.3f})"
     )
     return 0

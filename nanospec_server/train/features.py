@@ -1,17 +1,18 @@
-"""Teacher-forced target features, computed once and cached on disk.
+"""Target features of self-distilled chat rows, computed once and cached on disk.
 
 Why a cache rather than streaming: the target's forward pass is by far the most
 expensive part of training (a 0.5B target is ~20x the head's cost per token), and
 training makes several passes over the data, so each token's features are computed
-once. The cache is bounded: ``num_tokens * hidden * 2`` bytes (bf16) is checked
-against ``max_bytes`` before anything runs (e.g. 200k tokens of a 896-wide target:
-358 MB).
+once. The cache is bounded: ``rows * seq_len * hidden * 2`` bytes (bf16) is checked
+against ``max_bytes`` before anything runs (e.g. 400 rows of 320 tokens of a
+896-wide target: 229 MB).
 
-Layout of a cache directory: ``shard-00000.safetensors``... each holding
-``input_ids`` [rows, seq_len] int32 and ``hidden`` [rows, seq_len, hidden] bf16 (the
-target's last hidden state after its final norm, which is what SGLang hands an
-EAGLE draft), then ``manifest.json`` written last (its presence marks a complete
-cache). Shards already written are kept, so an interrupted extraction resumes.
+Layout of a cache directory: ``shard-00000.safetensors``... each holding the fields
+of ``distill.DistilledRows`` (``input_ids`` [rows, seq_len] int32, ``hidden``
+[rows, seq_len, hidden] bf16, the target's last hidden state after its final norm,
+which is what SGLang hands an EAGLE draft; ``lengths``, ``prompt_lengths``), then
+``manifest.json`` written last (its presence marks a complete cache). Shards already
+written are kept, so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from nanospec_server.train.corpus import CorpusSpec, token_rows
+from nanospec_server.train.distill import DistilledRows, generate_rows
+from nanospec_server.train.prompts import Split, chat_prompts
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 MANIFEST = "manifest.json"
 
 
@@ -38,9 +40,17 @@ class CacheTooLarge(ValueError):
 
 @dataclass(frozen=True)
 class FeatureCacheSpec:
-    corpus: CorpusSpec
+    split: Split
+    rows: int
+    seq_len: int
+    seed: int
+    gen_batch: int = 16  # rows answered together (one batched forward per token)
     rows_per_shard: int = 32
-    batch_rows: int = 4
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Longer prompts are skipped: at least half of every row is the target's answer."""
+        return self.seq_len // 2
 
 
 def _target_fingerprint(model_dir: Path) -> str:
@@ -56,17 +66,18 @@ def cache_dir_for(root: Path, model_dir: Path, spec: FeatureCacheSpec) -> Path:
         {
             "version": CACHE_VERSION,
             "target": _target_fingerprint(model_dir),
-            "python": sys.version.split()[0],  # the stdlib corpus depends on it
-            "corpus": asdict(spec.corpus),
+            "python": sys.version.split()[0],  # the prompts quote stdlib docstrings
+            "spec": asdict(spec),
         },
         sort_keys=True,
+        default=str,
     )
-    name = f"{model_dir.parent.name}-{spec.corpus.split.value}"
+    name = f"{model_dir.parent.name}-{spec.split.value}"
     return root / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
-def check_size(num_tokens: int, hidden_size: int, max_bytes: int) -> int:
-    needed = num_tokens * hidden_size * 2 + num_tokens * 4
+def check_size(rows: int, seq_len: int, hidden_size: int, max_bytes: int) -> int:
+    needed = rows * seq_len * (hidden_size * 2 + 4)
     if needed > max_bytes:
         raise CacheTooLarge(
             f"feature cache would take {needed / 1e9:.2f} GB > limit {max_bytes / 1e9:.2f} GB; "
@@ -75,48 +86,73 @@ def check_size(num_tokens: int, hidden_size: int, max_bytes: int) -> int:
     return needed
 
 
-@torch.inference_mode()
-def _target_features(target, input_ids: torch.Tensor) -> torch.Tensor:
-    # The base model (no LM head): its last_hidden_state is already final-normed.
-    output = target.model(input_ids=input_ids, use_cache=False)
-    return output.last_hidden_state.to(torch.bfloat16)
+def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Each prompt as the target's chat template would send it (raw text without one)."""
+    if getattr(tokenizer, "chat_template", None):
+        return [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                          add_generation_prompt=True, tokenize=True,
+                                          return_dict=False)
+            for p in prompts
+        ]  # fmt: skip
+    return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+
+
+def _prompt_ids(spec: FeatureCacheSpec, tokenizer) -> list[list[int]]:
+    """``spec.rows`` encoded prompts that fit ``max_prompt_tokens``, in a fixed order."""
+    texts = chat_prompts(spec.split, spec.rows * 2, spec.seed)
+    encoded = [
+        ids for ids in encode_prompts(tokenizer, texts) if len(ids) <= spec.max_prompt_tokens
+    ]
+    if len(encoded) < spec.rows:
+        raise ValueError(
+            f"only {len(encoded)} prompts fit in {spec.max_prompt_tokens} tokens; raise --seq-len"
+        )
+    return encoded[: spec.rows]
 
 
 def build_cache(
-    cache_dir: Path, spec: FeatureCacheSpec, target, encode, device: torch.device, desc: str
-) -> Path:
-    """Extract features for ``spec`` into ``cache_dir`` unless it is already complete."""
+    cache_dir: Path, spec: FeatureCacheSpec, target, tokenizer, eos_ids: set[int],
+    device: torch.device, desc: str,
+) -> Path:  # fmt: skip
+    """Answer ``spec``'s prompts with ``target`` into ``cache_dir`` unless already complete."""
     if (cache_dir / MANIFEST).is_file():
         return cache_dir
     cache_dir.mkdir(parents=True, exist_ok=True)
-    rows = torch.tensor(token_rows(spec.corpus, encode), dtype=torch.int32)
+    prompts = _prompt_ids(spec, tokenizer)
     shards = []
-    with tqdm(total=rows.numel(), desc=desc, unit="tok", smoothing=0.1) as bar:
-        for index, start in enumerate(range(0, len(rows), spec.rows_per_shard)):
+    with tqdm(total=len(prompts), desc=desc, unit="row", smoothing=0.1) as bar:
+        for index, start in enumerate(range(0, len(prompts), spec.rows_per_shard)):
             shard_path = cache_dir / f"shard-{index:05d}.safetensors"
-            shard_rows = rows[start : start + spec.rows_per_shard]
+            shard_prompts = prompts[start : start + spec.rows_per_shard]
             if not shard_path.is_file():
-                hidden = []
-                for batch in shard_rows.split(spec.batch_rows):
-                    hidden.append(_target_features(target, batch.to(device, torch.long)).cpu())
-                    bar.update(batch.numel())
+                # Similar lengths batched together waste less padding.
+                ordered = sorted(shard_prompts, key=len)
+                parts = []
+                for first in range(0, len(ordered), spec.gen_batch):
+                    batch = ordered[first : first + spec.gen_batch]
+                    parts.append(generate_rows(target, batch, spec.seq_len, eos_ids, device))
+                    bar.update(len(batch))
+                tensors = {f.name: torch.cat([getattr(p, f.name) for p in parts]).contiguous()
+                           for f in fields(DistilledRows)}  # fmt: skip
                 tmp = shard_path.with_suffix(".tmp")
-                tensors = {"input_ids": shard_rows.contiguous(), "hidden": torch.cat(hidden)}
                 save_file(tensors, str(tmp))
                 tmp.rename(shard_path)
             else:
-                bar.update(shard_rows.numel())
+                bar.update(len(shard_prompts))
             shards.append(shard_path.name)
-    manifest = {"version": CACHE_VERSION, "rows": len(rows), "shards": shards,
-                "corpus": asdict(spec.corpus)}  # fmt: skip
+    manifest = {"version": CACHE_VERSION, "rows": len(prompts), "shards": shards,
+                "spec": asdict(spec)}  # fmt: skip
     (cache_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
     return cache_dir
 
 
-def load_cache(cache_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """All rows of a complete cache: (input_ids int64 [N, L], hidden bf16 [N, L, d])."""
+def load_cache(cache_dir: Path) -> DistilledRows:
+    """All rows of a complete cache (``input_ids`` as int64)."""
     manifest = json.loads((cache_dir / MANIFEST).read_text())
     parts = [load_file(str(cache_dir / name)) for name in manifest["shards"]]
-    input_ids = torch.cat([p["input_ids"] for p in parts]).long()
-    hidden = torch.cat([p["hidden"] for p in parts])
-    return input_ids, hidden
+    rows = DistilledRows(
+        **{f.name: torch.cat([p[f.name] for p in parts]) for f in fields(DistilledRows)}
+    )
+    rows.input_ids = rows.input_ids.long()
+    return rows

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
+from nanospec_server.train.distill import DistilledRows
 from nanospec_server.train.head import EagleHead
 from nanospec_server.train.loss import LossWeights, eagle_loss
 from nanospec_server.train.precision import autocast
@@ -38,36 +39,45 @@ class LoopResult:
     train_loss: list[float]  # total loss per step
     evals: list[dict]  # {"step", "regression", "top1"} on the validation rows
     seconds: float
-    tokens_per_second: float
+    tokens_per_second: float  # trained (masked-in) positions per second
 
 
-def _step_inputs(input_ids: torch.Tensor, hidden: torch.Tensor, shared: SharedWeights, device):
-    """Teacher forcing: position i sees token i+1 and feature i, predicts feature i+1."""
-    ids = input_ids.to(device)
-    features = hidden.to(device, torch.float32)
+def _select(rows: DistilledRows, index: torch.Tensor | slice) -> DistilledRows:
+    return DistilledRows(rows.input_ids[index], rows.hidden[index], rows.lengths[index],
+                         rows.prompt_lengths[index])  # fmt: skip
+
+
+def _step_inputs(rows: DistilledRows, shared: SharedWeights, device):
+    """Teacher forcing: position i sees token i+1 and feature i, predicts feature i+1.
+
+    Trained positions: from the last prompt token (whose pair predicts the answer's
+    second token, the first one the draft guesses in SGLang) to the row's end.
+    """
+    width = max(2, int(rows.lengths.max()))  # padding past the longest row is not computed
+    ids = rows.input_ids[:, :width].to(device)
+    features = rows.hidden[:, :width].to(device, torch.float32)
     next_embeds = shared.embed[ids[:, 1:]].float()
     positions = torch.arange(ids.shape[1] - 1, device=device)
-    return next_embeds, features[:, :-1], features[:, 1:], positions
+    first = (rows.prompt_lengths.to(device) - 1)[:, None]
+    last = (rows.lengths.to(device) - 2)[:, None]
+    mask = (positions[None] >= first) & (positions[None] <= last)
+    return next_embeds, features[:, :-1], features[:, 1:], positions, mask
 
 
 @torch.no_grad()
-def evaluate(
-    head, rows: tuple[torch.Tensor, torch.Tensor], shared, cfg: LoopConfig, device
-) -> dict:
+def evaluate(head, rows: DistilledRows, shared, cfg: LoopConfig, device) -> dict:
     head.eval()
-    input_ids, hidden = rows
     totals = {"regression": 0.0, "top1": 0.0}
     batches = 0
     # Every position counts for validation top-1 (stride 1), not just the sampled ones.
     weights = LossWeights(cfg.loss.regression, cfg.loss.classification, cls_stride=1)
-    for start in range(0, len(input_ids), cfg.batch_rows):
-        stop = start + cfg.batch_rows
-        embeds, features, targets, positions = _step_inputs(
-            input_ids[start:stop], hidden[start:stop], shared, device
+    for start in range(0, len(rows.input_ids), cfg.batch_rows):
+        embeds, features, targets, positions, mask = _step_inputs(
+            _select(rows, slice(start, start + cfg.batch_rows)), shared, device
         )
         with autocast(cfg.bf16, device):
             predicted = head(embeds, features, positions).float()
-        parts = eagle_loss(predicted, targets, shared.lm_head, weights)
+        parts = eagle_loss(predicted, targets, mask, shared.lm_head, weights)
         totals["regression"] += parts.regression
         totals["top1"] += parts.top1
         batches += 1
@@ -77,37 +87,38 @@ def evaluate(
 
 def train(
     head: EagleHead,
-    train_rows: tuple[torch.Tensor, torch.Tensor],
-    val_rows: tuple[torch.Tensor, torch.Tensor],
+    train_rows: DistilledRows,
+    val_rows: DistilledRows,
     shared: SharedWeights,
     cfg: LoopConfig,
     device: torch.device,
     generator: torch.Generator,
 ) -> LoopResult:
-    input_ids, hidden = train_rows
+    count = len(train_rows.input_ids)
     optimizer = torch.optim.AdamW(
         head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
     )
     evals = [{"step": 0, **evaluate(head, val_rows, shared, cfg, device)}]
     losses: list[float] = []
-    order = torch.randperm(len(input_ids), generator=generator)
-    cursor = 0
+    order = torch.randperm(count, generator=generator)
+    cursor = trained_tokens = 0
     started = time.monotonic()
     bar = tqdm(range(cfg.steps), desc="train-eagle", unit="step")
     for step in bar:
         if cursor + cfg.batch_rows > len(order):  # next epoch, reshuffled
-            order, cursor = torch.randperm(len(input_ids), generator=generator), 0
+            order, cursor = torch.randperm(count, generator=generator), 0
         batch = order[cursor : cursor + cfg.batch_rows]
         cursor += cfg.batch_rows
         for group in optimizer.param_groups:
             group["lr"] = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup_steps)
-        embeds, features, targets, positions = _step_inputs(
-            input_ids[batch], hidden[batch], shared, device
+        embeds, features, targets, positions, mask = _step_inputs(
+            _select(train_rows, batch), shared, device
         )
+        trained_tokens += int(mask.sum())
         with autocast(cfg.bf16, device):
             predicted = head(embeds, features, positions).float()
         offset = step % cfg.loss.cls_stride  # rotate the sampled positions across steps
-        parts = eagle_loss(predicted, targets, shared.lm_head, cfg.loss, offset)
+        parts = eagle_loss(predicted, targets, mask, shared.lm_head, cfg.loss, offset)
         if not math.isfinite(parts.total.item()):
             raise FloatingPointError(f"loss is {parts.total.item()} at step {step}")
         optimizer.zero_grad(set_to_none=True)
@@ -120,5 +131,4 @@ def train(
             evals.append({"step": step + 1, **evaluate(head, val_rows, shared, cfg, device)})
     seconds = time.monotonic() - started
     evals.append({"step": cfg.steps, **evaluate(head, val_rows, shared, cfg, device)})
-    tokens = cfg.steps * cfg.batch_rows * (input_ids.shape[1] - 1)
-    return LoopResult(losses, evals, seconds, tokens / max(seconds, 1e-9))
+    return LoopResult(losses, evals, seconds, trained_tokens / max(seconds, 1e-9))

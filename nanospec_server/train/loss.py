@@ -1,12 +1,15 @@
 """EAGLE-1 training loss: feature regression plus a cheap token classification term.
 
 * regression: smooth L1 between the predicted and the target's next feature, over
-  every position (cheap: d numbers per position);
+  every trained position (cheap: d numbers per position);
 * classification: cross-entropy of the shared LM head over the predicted feature
   against the token the target itself would pick (argmax of the LM head over the
   true feature), which is what greedy verification accepts. The LM head is a
   [vocab, d] matmul (151936 x 896 for Qwen2.5-0.5B, ~8x the head's own cost per
   position), so it runs on every ``cls_stride``-th position only.
+
+``mask`` [B, L] selects the trained positions: those whose next token is part of
+the target's answer (padding and most of the prompt are left out).
 """
 
 from __future__ import annotations
@@ -32,27 +35,27 @@ class LossParts:
     top1: float  # fraction of sampled positions where draft argmax == target argmax
 
 
-def _sampled(x: torch.Tensor, stride: int, offset: int) -> torch.Tensor:
-    """Every ``stride``-th position (starting at ``offset``) of [B, L, d], flattened."""
-    return x[:, offset::stride].reshape(-1, x.shape[-1])
-
-
 def eagle_loss(
     predicted: torch.Tensor,
     target: torch.Tensor,
+    mask: torch.Tensor,
     lm_head: torch.Tensor,
     weights: LossWeights,
     offset: int = 0,
 ) -> LossParts:
-    """predicted, target: [B, L, d] (fp32); lm_head: [vocab, d]."""
-    regression = F.smooth_l1_loss(predicted, target)
-    pred_rows = _sampled(predicted, weights.cls_stride, offset)
+    """predicted, target: [B, L, d] (fp32); mask: [B, L] bool; lm_head: [vocab, d]."""
+    count = mask.sum().clamp(min=1)
+    per_position = F.smooth_l1_loss(predicted, target, reduction="none").mean(-1)
+    regression = (per_position * mask).sum() / count
+    column = torch.arange(mask.shape[1], device=mask.device)
+    sampled = mask & (column % weights.cls_stride == offset)
+    if not sampled.any():  # rare: a short batch with no position at this offset
+        sampled = mask
+    pred_rows = predicted[sampled]
     with torch.no_grad():
-        labels = (
-            _sampled(target, weights.cls_stride, offset).to(lm_head.dtype) @ lm_head.T
-        ).argmax(-1)
+        labels = (target[sampled].to(lm_head.dtype) @ lm_head.T).argmax(-1)
     logits = (pred_rows.to(lm_head.dtype) @ lm_head.T).float()
-    classification = F.cross_entropy(logits, labels)
+    classification = F.cross_entropy(logits, labels) if len(labels) else logits.sum()
     total = weights.regression * regression + weights.classification * classification
-    top1 = (logits.argmax(-1) == labels).float().mean()
+    top1 = (logits.argmax(-1) == labels).float().mean() if len(labels) else torch.tensor(0.0)
     return LossParts(total, regression.item(), classification.item(), top1.item())

@@ -1,18 +1,16 @@
 """Default training sizes per target, chosen to finish on a 2-core CPU in <= 90 minutes.
 
-Measured on this project's shared 2-core AMD EPYC box (avx512_bf16, load ~5 from
-other jobs, niced, 2 threads), seq_len 256, 4 rows per step:
+Measured on this project's 2-core AMD EPYC box (avx512_bf16) with the two recipes
+running side by side, one thread each, seq_len 320:
 
-* Qwen2.5-Coder-0.5B: feature extraction ~45-50 tok/s (bf16 target), head
-  training ~146 tok/s (7 s per 1020-token step, fp32, LM-head loss on 1/8 of
-  the positions; bf16 autocast is ~1.37x faster, so these times have slack), one validation pass over 2k tokens ~25 s.
-* Qwen2.5-Coder-1.5B: extraction ~14 tok/s while another extraction ran
-  (extrapolated ~15-25 alone); training extrapolated ~3x slower than 0.5B
-  (3.1x the head parameters, 1.7x the LM-head width): ~50 tok/s.
+* answering (``distill.py``, batches of 32 prompts): Qwen2.5-Coder-0.5B ~45 answer
+  tokens/s, 1.5B ~17 (decode steps are bound by reading the weights, so a wider
+  batch is nearly free on a CPU);
+* head training: 0.5B ~170 trained tokens/s (bf16 autocast, LM-head loss on 1/8
+  of the positions), 1.5B about a third of that.
 
-Extraction dominates, so the recipes trade tokens against optimizer steps; see
-``nanospec_server/train/README.md`` for the arithmetic. On a GPU both phases are
-two orders of magnitude faster: pass larger --tokens/--steps there.
+See ``nanospec_server/train/README.md`` for the times of a full run. On a GPU both
+phases are two orders of magnitude faster: pass larger --tokens/--steps there.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class Recipe:
-    tokens: int  # training tokens whose target features are extracted
+    tokens: int  # rows x seq_len: how many training prompts the target answers
     val_tokens: int
     seq_len: int
     steps: int
@@ -30,6 +28,8 @@ class Recipe:
     lr: float
     warmup_steps: int
     cls_stride: int
+    cls_weight: float = 0.1  # EAGLE-1's ratio to the regression loss
+    gen_batch: int = 32  # prompts answered together while collecting features
 
 
 # Small enough for any target; what unknown models and the tiny test models get.
@@ -39,26 +39,24 @@ GENERIC = Recipe(
 )  # fmt: skip
 
 RECIPES: dict[str, Recipe] = {
-    # 110.6k tok / ~48 tok/s = ~38 min extraction; 360 steps x 7 s = ~42 min training
-    # (3.3 epochs); 5 validation passes ~2 min. Total ~82 min.
+    # 384 prompts: ~35 min of answers; 240 steps of 8 rows ~30 min (~3 epochs).
     "qwen2.5-coder-0.5b-instruct": Recipe(
-        tokens=110_592,
-        val_tokens=2_048,
-        seq_len=256,
-        steps=360,
-        batch_rows=4,
+        tokens=384 * 320,
+        val_tokens=16 * 320,
+        seq_len=320,
+        steps=240,
+        batch_rows=8,
         lr=1e-3,
         warmup_steps=20,
         cls_stride=8,
     ),  # fmt: skip
-    # 36.9k tok / ~15 tok/s = ~41 min extraction; 130 steps x ~20 s = ~43 min training
-    # (3.6 epochs). Total ~87 min. Extrapolated, not run end to end.
+    # 160 prompts: ~35 min of answers; 90 steps of 8 rows ~30 min (~4.5 epochs).
     "qwen2.5-coder-1.5b-instruct": Recipe(
-        tokens=36_864,
-        val_tokens=1_024,
-        seq_len=256,
-        steps=130,
-        batch_rows=4,
+        tokens=160 * 320,
+        val_tokens=8 * 320,
+        seq_len=320,
+        steps=90,
+        batch_rows=8,
         lr=1e-3,
         warmup_steps=10,
         cls_stride=8,

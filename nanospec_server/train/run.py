@@ -1,4 +1,5 @@
-"""`train_eagle`: corpus -> cached target features -> trained head -> SGLang draft dir."""
+"""`train_eagle`: chat prompts -> the target's answers and features (cached) -> trained
+head -> SGLang draft dir."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from pathlib import Path
 import torch
 
 from nanospec_server.models.paths import cache_root
-from nanospec_server.train.corpus import CorpusSpec, Split
 from nanospec_server.train.export import export_head
 from nanospec_server.train.features import (
     FeatureCacheSpec,
@@ -24,6 +24,7 @@ from nanospec_server.train.head import EagleHead, HeadConfig
 from nanospec_server.train.loop import LoopConfig, LoopResult, train
 from nanospec_server.train.loss import LossWeights
 from nanospec_server.train.precision import use_bf16
+from nanospec_server.train.prompts import Split
 from nanospec_server.train.recipe import Recipe
 from nanospec_server.train.target import (
     eagle_architecture,
@@ -52,28 +53,40 @@ class TrainRequest:
 @dataclass
 class TrainReport:
     output: Path
-    extract_seconds: float
+    generate_seconds: float
     loop: LoopResult
+
+
+def _eos_ids(target_dir: Path, tokenizer) -> set[int]:
+    """Every id that ends an answer: config, generation config and tokenizer agree or add up."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        path = target_dir / name
+        value = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
 
 
 def _feature_caches(request: TrainRequest, target_dir: Path, hidden_size: int, device) -> tuple:
     recipe = request.recipe
     root = request.cache_dir or cache_root() / "train-features"
     specs = {
-        split: FeatureCacheSpec(CorpusSpec(split, tokens, recipe.seq_len, request.seed))
+        split: FeatureCacheSpec(split, max(1, tokens // recipe.seq_len), recipe.seq_len,
+                                request.seed, gen_batch=recipe.gen_batch)
         for split, tokens in ((Split.TRAIN, recipe.tokens), (Split.VAL, recipe.val_tokens))
-    }
-    check_size(recipe.tokens + recipe.val_tokens, hidden_size, int(request.max_cache_gb * 1e9))
+    }  # fmt: skip
+    rows = sum(spec.rows for spec in specs.values())
+    check_size(rows, recipe.seq_len, hidden_size, int(request.max_cache_gb * 1e9))
     dirs = {split: cache_dir_for(root, target_dir, spec) for split, spec in specs.items()}
     if not all((d / "manifest.json").is_file() for d in dirs.values()):
         target = load_target(target_dir, device)
         tokenizer = load_tokenizer(target_dir)
-
-        def encode(text: str) -> list[int]:
-            return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-        for split, spec in specs.items():
-            build_cache(dirs[split], spec, target, encode, device, f"features/{split.value}")
+        eos_ids = _eos_ids(target_dir, tokenizer)
+        for split in (Split.VAL, Split.TRAIN):  # validation first: a quick sanity check
+            build_cache(dirs[split], specs[split], target, tokenizer, eos_ids, device,
+                        f"answers/{split.value}")  # fmt: skip
         del target  # free its memory before training
         gc.collect()
     return load_cache(dirs[Split.TRAIN]), load_cache(dirs[Split.VAL])
@@ -89,7 +102,7 @@ def train_eagle(request: TrainRequest) -> TrainReport:
 
     started = time.monotonic()
     train_rows, val_rows = _feature_caches(request, target_dir, head_config.hidden_size, device)
-    extract_seconds = time.monotonic() - started
+    generate_seconds = time.monotonic() - started
 
     bf16 = use_bf16(request.precision, device)
     shared_dtype = torch.bfloat16 if bf16 else torch.float32
@@ -105,7 +118,7 @@ def train_eagle(request: TrainRequest) -> TrainReport:
         lr=recipe.lr,
         warmup_steps=min(recipe.warmup_steps, max(1, recipe.steps // 10)),
         eval_every=max(0, recipe.steps // 4),
-        loss=LossWeights(cls_stride=recipe.cls_stride),
+        loss=LossWeights(classification=recipe.cls_weight, cls_stride=recipe.cls_stride),
         bf16=bf16,
     )
     result = train(head, train_rows, val_rows, shared, loop_config, device, generator)
@@ -116,10 +129,11 @@ def train_eagle(request: TrainRequest) -> TrainReport:
         "seed": request.seed,
         "device": str(device),
         "bf16": bf16,
-        "corpus": "Python stdlib *.py (nanospec_server/train/corpus.py), split by file hash",
-        "train_rows": int(train_rows[0].shape[0]),
-        "val_rows": int(val_rows[0].shape[0]),
-        "extract_seconds": round(extract_seconds, 1),
+        "data": "target's greedy answers to chat prompts (nanospec_server/train/prompts.py)",
+        "train_rows": len(train_rows.input_ids),
+        "train_answer_tokens": int((train_rows.lengths - train_rows.prompt_lengths).sum()),
+        "val_rows": len(val_rows.input_ids),
+        "generate_seconds": round(generate_seconds, 1),
         "train_seconds": round(result.seconds, 1),
         "train_tokens_per_second": round(result.tokens_per_second, 1),
         "first_loss": result.train_loss[0],
@@ -130,4 +144,4 @@ def train_eagle(request: TrainRequest) -> TrainReport:
     request.output.mkdir(parents=True, exist_ok=True)
     (request.output / "train_loss.json").write_text(json.dumps(result.train_loss) + "\n")
     export_head(head, target_dir, target_config, request.output, info, embed)
-    return TrainReport(request.output, extract_seconds, result)
+    return TrainReport(request.output, generate_seconds, result)

@@ -1,6 +1,7 @@
-"""`nanospec train-eagle` on the tiny target: the head computes what SGLang's EAGLE
-draft computes, training lowers the loss, the export is a directory SGLang serves
-losslessly. A slow test does the same on Qwen2.5-Coder-0.5B."""
+"""`nanospec train-eagle` on the tiny target: the prompts are split and benchmark-free,
+the target's answers and features match a plain greedy loop, the head computes what
+SGLang's EAGLE draft computes, training lowers the loss, the export is a directory
+SGLang serves losslessly. A slow test does the same on Qwen2.5-Coder-0.5B."""
 
 from __future__ import annotations
 
@@ -14,15 +15,19 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from nanospec_server.bench.specbench import spec_bench_path
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny_reference import eagle_logits
 from nanospec_server.models.tiny_spec import DRAFT_SHAPE
 from nanospec_server.train.cli import add_train_command, recipe_key
-from nanospec_server.train.corpus import Split, corpus_files
+from nanospec_server.train.distill import DistilledRows, generate_rows
+from nanospec_server.train.features import encode_prompts
 from nanospec_server.train.head import EagleHead, HeadConfig
-from nanospec_server.train.target import read_config
+from nanospec_server.train.loop import _step_inputs
+from nanospec_server.train.prompts import Split, chat_prompts
+from nanospec_server.train.target import SharedWeights, read_config
 
-TINY_ARGS = ["--tokens", "32768", "--val-tokens", "1024", "--seq-len", "128", "--steps", "300",
+TINY_ARGS = ["--tokens", "32768", "--val-tokens", "2048", "--seq-len", "256", "--steps", "300",
              "--lr", "3e-3"]  # fmt: skip
 NEW_TOKENS = 32
 EXPECTED_TENSORS = {
@@ -86,11 +91,86 @@ def test_recipe_key_accepts_registry_names_and_prepared_paths() -> None:
     assert recipe_key("/somewhere/else") == "/somewhere/else"
 
 
-def test_corpus_split_is_by_file_and_deterministic() -> None:
-    train, val = corpus_files(Split.TRAIN), corpus_files(Split.VAL)
-    assert len(val) > 10 and len(train) > 10 * len(val) // 2
+def test_prompt_split_is_disjoint_and_deterministic() -> None:
+    train, val = chat_prompts(Split.TRAIN, 400, seed=0), chat_prompts(Split.VAL, 40, seed=0)
+    assert len(set(train)) == 400 and len(set(val)) == 40
     assert not set(train) & set(val)
-    assert corpus_files(Split.VAL) == val
+    assert chat_prompts(Split.VAL, 40, seed=0) == val
+    assert chat_prompts(Split.TRAIN, 400, seed=1) != train
+
+
+@pytest.mark.skipif(not spec_bench_path().is_file(), reason="needs ../shared/data/specbench")
+def test_prompts_share_nothing_with_spec_bench() -> None:
+    turns = [
+        json.loads(line)["turns"][0] for line in spec_bench_path().read_text().splitlines() if line
+    ]
+    benchmark_lines = {line.strip() for turn in turns for line in turn.splitlines() if len(line.strip()) > 40}  # fmt: skip
+    prompts = chat_prompts(Split.TRAIN, 2000, seed=0)
+    assert not any(line in prompt for prompt in prompts for line in benchmark_lines)
+
+
+def _tiny_target_fp32():
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model_path("tiny-target")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _plain_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+    """One prompt, no cache, no padding: the answer and every position's final-normed state."""
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(steps):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        hidden = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+    return ids, hidden
+
+
+def test_answers_match_a_plain_greedy_loop() -> None:
+    """Batched, left-padded, cached generation gives each row what the target alone gives."""
+    model = _tiny_target_fp32()
+    prompts = [list(range(5, 5 + n)) for n in (3, 11, 7, 20, 4)]
+    seq_len = 40
+    rows = generate_rows(model, prompts, seq_len, eos_ids={1}, device=torch.device("cpu"))
+    for row, prompt in enumerate(prompts):
+        length = int(rows.lengths[row])
+        want_ids, want_hidden = _plain_greedy(model, prompt, length - len(prompt))
+        assert rows.prompt_lengths[row] == len(prompt)
+        assert rows.input_ids[row, :length].tolist() == want_ids
+        torch.testing.assert_close(rows.hidden[row, :length].float(), want_hidden, rtol=0.02, atol=0.05)  # fmt: skip
+        assert not rows.input_ids[row, length:].any() and not rows.hidden[row, length:].any()
+
+
+def test_a_row_stops_before_eos_and_a_short_batch_is_cut() -> None:
+    model = _tiny_target_fp32()
+    prompt = list(range(40, 50))
+    free = generate_rows(model, [prompt], 60, eos_ids={1}, device=torch.device("cpu"))
+    answer = free.input_ids[0, len(prompt) : int(free.lengths[0])].tolist()
+    stop = answer[5]  # pretend the sixth answer token ends the answer
+    rows = generate_rows(model, [prompt], 60, eos_ids={stop}, device=torch.device("cpu"))
+    assert rows.input_ids[0, : int(rows.lengths[0])].tolist() == prompt + answer[: answer.index(stop)]  # fmt: skip
+    # 8 rows, one of which never stops: once only it is left (< a quarter), all are cut.
+    batch = [prompt] * 7 + [list(range(60, 70))]
+    other = generate_rows(model, [batch[-1]], 60, eos_ids={1}, device=torch.device("cpu"))
+    cut = generate_rows(model, batch, 60, eos_ids={stop}, device=torch.device("cpu"))
+    assert cut.lengths[:7].tolist() == [int(rows.lengths[0])] * 7
+    assert cut.lengths[7] == len(prompt) + answer.index(stop) + 1 < other.lengths[0]
+
+
+def test_trained_positions_are_the_answer_pairs() -> None:
+    """Pair i (feature i, token i+1 -> feature i+1) is trained from the last prompt token
+    to the second-to-last real token, and nowhere in the padding."""
+    rows = DistilledRows(
+        input_ids=torch.arange(20).reshape(2, 10) % 7,
+        hidden=torch.zeros(2, 10, 4, dtype=torch.bfloat16),
+        lengths=torch.tensor([8, 6], dtype=torch.int32),
+        prompt_lengths=torch.tensor([3, 2], dtype=torch.int32),
+    )
+    shared = SharedWeights(torch.randn(7, 4), torch.randn(7, 4))
+    *_, mask = _step_inputs(rows, shared, torch.device("cpu"))
+    assert mask.shape == (2, 7)  # trimmed to the longest row
+    assert mask[0].nonzero().flatten().tolist() == [2, 3, 4, 5, 6]
+    assert mask[1].nonzero().flatten().tolist() == [1, 2, 3, 4]
 
 
 @pytest.fixture(scope="module")
@@ -125,12 +205,12 @@ def test_export_is_an_sglang_eagle_checkpoint(tiny_head: Path) -> None:
 
 
 def _prompts(tokenizer_dir: Path, count: int, length: int) -> list[list[int]]:
-    """In-distribution prompts: the start of held-out stdlib files."""
+    """In-distribution prompts: held-out training prompts (tiny target: no chat template)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    files = corpus_files(Split.VAL)[:count]
-    return [tokenizer(f.read_text()[:4000], add_special_tokens=False)["input_ids"][:length] for f in files]  # fmt: skip
+    encoded = encode_prompts(tokenizer, chat_prompts(Split.VAL, count, seed=0))
+    return [ids[:length] for ids in encoded]
 
 
 def _hf_greedy(model_dir: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
