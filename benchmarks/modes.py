@@ -24,31 +24,8 @@ import time
 from pathlib import Path
 
 from nanospec_server.bench.server import generate, running_server, speculative_flags
+from nanospec_server.bench.specbench import spec_bench_prompts
 from nanospec_server.config import Mode
-
-SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/data/specbench/question.jsonl"
-
-
-def spec_bench_prompts(tokenizer_dir: Path, count: int) -> list[list[int]]:
-    """The first turn of `count` Spec-Bench questions, one per category in turn."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    rows = [json.loads(line) for line in SPEC_BENCH.read_text().splitlines() if line.strip()]
-    by_category: dict[str, list[dict]] = {}
-    for row in rows:
-        by_category.setdefault(row["category"], []).append(row)
-    picked = []
-    while len(picked) < count and any(by_category.values()):
-        for questions in by_category.values():
-            if questions and len(picked) < count:
-                picked.append(questions.pop(0))
-    messages = [[{"role": "user", "content": row["turns"][0]}] for row in picked]
-    texts = [
-        tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
-        for m in messages
-    ]
-    return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
 
 
 def tiny_setup(count: int) -> tuple[list[str], list[list[int]]]:

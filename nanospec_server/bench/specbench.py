@@ -1,0 +1,43 @@
+"""Spec-Bench prompts (``../shared/data/specbench/question.jsonl``), read by path, never copied.
+
+``NANOSPEC_SPECBENCH`` points elsewhere when the checkout is not beside ``shared/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+DEFAULT_PATH = Path(__file__).resolve().parents[3] / "shared/data/specbench/question.jsonl"
+
+
+def spec_bench_path() -> Path:
+    return Path(os.environ.get("NANOSPEC_SPECBENCH", DEFAULT_PATH))
+
+
+def first_turns(count: int, path: Path | None = None) -> list[str]:
+    """The first turn of ``count`` questions, one per category in turn (file order)."""
+    rows = [json.loads(line) for line in (path or spec_bench_path()).read_text().splitlines() if line.strip()]  # fmt: skip
+    by_category: dict[str, list[str]] = {}
+    for row in rows:
+        by_category.setdefault(row["category"], []).append(row["turns"][0])
+    picked: list[str] = []
+    while len(picked) < count and any(by_category.values()):
+        for turns in by_category.values():
+            if turns and len(picked) < count:
+                picked.append(turns.pop(0))
+    return picked
+
+
+def spec_bench_prompts(tokenizer_dir: Path, count: int) -> list[list[int]]:
+    """``first_turns`` as token ids, wrapped in the target's chat template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": turn}],
+                                      add_generation_prompt=True, tokenize=False)
+        for turn in first_turns(count)
+    ]  # fmt: skip
+    return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
