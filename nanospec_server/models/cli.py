@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from nanospec_server.models.eagle_heads import HEADS, get_head_spec, head_dir, is_ready
 from nanospec_server.models.errors import ModelPrepareError
 from nanospec_server.models.registry import UnknownModelError, get_model_spec, model_names
 
@@ -25,7 +27,8 @@ def add_models_commands(subparsers: argparse._SubParsersAction) -> argparse.Argu
     prepare = commands.add_parser(
         "prepare", help="download, join, verify and convert a model to bf16 safetensors"
     )
-    prepare.add_argument("name", help=f"one of: {', '.join(model_names())}")
+    names = [*model_names(), *(head.name for head in HEADS)]
+    prepare.add_argument("name", help=f"one of: {', '.join(names)}")
     prepare.add_argument(
         "--keep-wheels",
         action="store_true",
@@ -39,6 +42,8 @@ def run_models_command(args: argparse.Namespace) -> int:
     if args.models_command == "list":
         return _list()
     if args.models_command == "prepare":
+        if get_head_spec(args.name):
+            return _prepare_head(args.name)
         return _prepare(args.name, keep_wheels=args.keep_wheels)
     raise ValueError(f"unknown models command {args.models_command!r}")
 
@@ -47,16 +52,33 @@ def _list() -> int:
     from nanospec_server.models.prepare import list_models
 
     print(
-        f"{'name':<28} {'role':<10} {'pairs with':<28} {'quant':<7} {'download':>9} "
+        f"{'name':<36} {'role':<10} {'pairs with':<28} {'quant':<7} {'download':>9} "
         f"{'on disk':>9}  status"
     )
     for row in list_models():
         status = f"prepared: {row.path}" if row.prepared else "not prepared"
         print(
-            f"{row.name:<28} {row.role.value:<10} {row.pairs_with or '-':<28} "
+            f"{row.name:<36} {row.role.value:<10} {row.pairs_with or '-':<28} "
             f"{row.quantization:<7} {_size(row.download_bytes):>9} {_size(row.disk_bytes):>9}  "
             f"{status}"
         )
+    for head in HEADS:
+        path = head_dir(head)
+        status = f"prepared: {path}" if is_ready(path) else "not prepared (trained on demand)"
+        print(f"{head.name:<36} {'eagle':<10} {head.target:<28} {'bf16':<7} {'-':>9} "
+              f"{_size(_dir_bytes(path)):>9}  {status}")  # fmt: skip
+    return 0
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def _prepare_head(name: str) -> int:
+    from nanospec_server.models.eagle_heads import prepare_head
+
+    path, already = prepare_head(get_head_spec(name))
+    print(f"{name}: {'already prepared' if already else 'trained'} at {path}")
     return 0
 
 
@@ -68,7 +90,8 @@ def _prepare(name: str, keep_wheels: bool) -> int:
         spec = get_model_spec(name)
         result = prepare_spec(spec, model_paths(spec.name), keep_wheels=keep_wheels)
     except UnknownModelError as error:
-        print(f"nanospec models prepare: {error}", file=sys.stderr)
+        heads = ", ".join(head.name for head in HEADS)
+        print(f"nanospec models prepare: {error}; EAGLE heads: {heads}", file=sys.stderr)
         return 2
     except ModelPrepareError as error:
         print(f"nanospec models prepare: {error}", file=sys.stderr)
