@@ -95,11 +95,15 @@ def main() -> int:
 
     plain = rows[0]
     print(f"command: {' '.join(sys.argv)}")
-    print(f"{'config':<70}{'accept':>8}{'tok/s':>8}{'vs plain':>10}  same as plain")
+    print(f"{'config':<48}{'accept':>8}{'tok/s':>8}{'vs plain':>10}  outputs equal to plain")
     for r in rows:
         accept = f"{r['accept_length']:.2f}" if r["accept_length"] else "-"
-        print(f"{r['config']:<70}{accept:>8}{r['tokens_per_s']:>8.2f}"
-              f"{r['tokens_per_s'] / plain['tokens_per_s']:>9.2f}x  {r['outputs'] == plain['outputs']}")  # fmt: skip
+        # In bf16 a batched verify and a one-token decode can round a near-tie apart
+        # (README, "Numerics"): a prompt may differ in any speculative config, full
+        # included; with --dtype float32 every output equals plain decoding.
+        same = sum(a == b for a, b in zip(r["outputs"], plain["outputs"], strict=True))
+        print(f"{r['config']:<48}{accept:>8}{r['tokens_per_s']:>8.2f}"
+              f"{r['tokens_per_s'] / plain['tokens_per_s']:>9.2f}x  {same}/{len(prompts)}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps([{k: v for k, v in r.items() if k != "outputs"} for r in rows], indent=2))  # fmt: skip
     return 0

@@ -3,11 +3,10 @@
 Measured on this project's 2-core AMD EPYC box (avx512_bf16) with the two recipes
 running side by side, one thread each, seq_len 320:
 
-* answering (``distill.py``, batches of 32 prompts): Qwen2.5-Coder-0.5B ~45 answer
-  tokens/s, 1.5B ~17 (decode steps are bound by reading the weights, so a wider
-  batch is nearly free on a CPU);
-* head training: 0.5B ~170 trained tokens/s (bf16 autocast, LM-head loss on 1/8
-  of the positions), 1.5B about a third of that.
+* answering (``distill.py``, batches of 32 prompts): Qwen2.5-Coder-0.5B 5.5 s per
+  prompt (~29 answer tokens/s), 1.5B 13 s (~13 tokens/s);
+* head training (8 rows of up to 320 tokens a step, bf16 autocast, LM-head loss on
+  1/8 of the positions): 0.5B ~3.3 s/step, 1.5B ~7.6 s/step.
 
 See ``nanospec_server/train/README.md`` for the times of a full run. On a GPU both
 phases are two orders of magnitude faster: pass larger --tokens/--steps there.
@@ -39,18 +38,20 @@ GENERIC = Recipe(
 )  # fmt: skip
 
 RECIPES: dict[str, Recipe] = {
-    # 384 prompts: ~35 min of answers; 240 steps of 8 rows ~30 min (~3 epochs).
+    # 384 prompts: 35 min of answers; 480 steps of 8 rows: 26 min (~10 epochs of the
+    # 62k answer tokens; held-out top-1 0.374 at 240 steps, 0.428 at 480). ~62 min.
     "qwen2.5-coder-0.5b-instruct": Recipe(
         tokens=384 * 320,
         val_tokens=16 * 320,
         seq_len=320,
-        steps=240,
+        steps=480,
         batch_rows=8,
         lr=1e-3,
         warmup_steps=20,
         cls_stride=8,
     ),  # fmt: skip
-    # 160 prompts: ~35 min of answers; 90 steps of 8 rows ~30 min (~4.5 epochs).
+    # 160 prompts: 35 min of answers; 90 steps of 8 rows: 11.5 min (~4.5 epochs). 47 min,
+    # run end to end; its curve still rose at the end, and ~170 more steps would fit.
     "qwen2.5-coder-1.5b-instruct": Recipe(
         tokens=160 * 320,
         val_tokens=8 * 320,
