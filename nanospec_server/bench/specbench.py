@@ -34,10 +34,6 @@ def spec_bench_prompts(tokenizer_dir: Path, count: int) -> list[list[int]]:
     """``first_turns`` as token ids, wrapped in the target's chat template."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": turn}],
-                                      add_generation_prompt=True, tokenize=False)
-        for turn in first_turns(count)
-    ]  # fmt: skip
-    return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    from nanospec_server.models.chat import encode_user_turns
+
+    return encode_user_turns(AutoTokenizer.from_pretrained(str(tokenizer_dir)), first_turns(count))

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from nanospec_server.models.eagle_heads import HEADS, get_head_spec, head_dir, is_ready
+from nanospec_server.models.eagle_heads import (
+    HEADS,
+    get_head_spec,
+    head_dir,
+    is_ready,
+    prepare_head,
+)
 from nanospec_server.models.errors import ModelPrepareError
+from nanospec_server.models.paths import disk_usage_bytes
 from nanospec_server.models.registry import UnknownModelError, get_model_spec, model_names
 
 
@@ -66,17 +72,11 @@ def _list() -> int:
         path = head_dir(head)
         status = f"prepared: {path}" if is_ready(path) else "not prepared (trained on demand)"
         print(f"{head.name:<36} {'eagle':<10} {head.target:<28} {'bf16':<7} {'-':>9} "
-              f"{_size(_dir_bytes(path)):>9}  {status}")  # fmt: skip
+              f"{_size(disk_usage_bytes(path)):>9}  {status}")  # fmt: skip
     return 0
 
 
-def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.glob("*") if f.is_file()) if path.is_dir() else 0
-
-
 def _prepare_head(name: str) -> int:
-    from nanospec_server.models.eagle_heads import prepare_head
-
     path, already = prepare_head(get_head_spec(name))
     print(f"{name}: {'already prepared' if already else 'trained'} at {path}")
     return 0

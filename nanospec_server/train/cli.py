@@ -67,7 +67,12 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
     add("--lr", type=_positive_float, help="peak learning rate (default: the recipe's)")
     add("--cls-stride", type=_positive_int, help="LM-head loss on every N-th position")
     add("--cls-weight", type=_positive_float, help="weight of the LM-head loss (regression: 1)")
-    add("--seed", type=int, default=0, help="corpus shuffle and init seed (default: 0)")
+    add(
+        "--seed",
+        type=int,
+        default=0,
+        help="prompt composition, data order and init seed (default: 0)",
+    )
     add("--device", type=_device, default="auto", help="auto (CUDA if present), cpu or cuda[:N]")
     add(
         "--cache-dir",

@@ -5,13 +5,14 @@ Why the target's own answers: greedy verification accepts exactly the target's
 argmax, so text the target wrote is the distribution the draft must imitate, and
 the hidden states come for free while generating (one target pass per token
 instead of a generation pass plus a teacher-forced pass). A row is
-``prompt + answer`` cut at ``seq_len`` or just after an end-of-sequence token,
+``prompt + answer`` cut at ``seq_len`` or just before an end-of-sequence token,
 right-padded; ``lengths`` and ``prompt_lengths`` say which positions are real.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -22,6 +23,13 @@ class DistilledRows:
     hidden: torch.Tensor  # [rows, seq_len, d] bf16, zeros past the length
     lengths: torch.Tensor  # [rows] int32: real tokens in the row
     prompt_lengths: torch.Tensor  # [rows] int32: of those, the prompt's
+
+    def select(self, index: torch.Tensor | slice) -> DistilledRows:
+        return DistilledRows(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    @classmethod
+    def cat(cls, parts: Sequence[DistilledRows]) -> DistilledRows:
+        return cls(*(torch.cat([getattr(p, f.name) for p in parts]) for f in fields(cls)))
 
 
 @torch.inference_mode()

@@ -20,13 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from nanospec_server.models.chat import encode_user_turns
 from nanospec_server.train.distill import DistilledRows, generate_rows
 from nanospec_server.train.prompts import Split, chat_prompts
 
@@ -44,7 +45,7 @@ class FeatureCacheSpec:
     rows: int
     seq_len: int
     seed: int
-    gen_batch: int = 16  # rows answered together (one batched forward per token)
+    gen_batch: int  # rows answered together (one batched forward per token)
     rows_per_shard: int = 32
 
     @property
@@ -86,23 +87,11 @@ def check_size(rows: int, seq_len: int, hidden_size: int, max_bytes: int) -> int
     return needed
 
 
-def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
-    """Each prompt as the target's chat template would send it (raw text without one)."""
-    if getattr(tokenizer, "chat_template", None):
-        return [
-            tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                          add_generation_prompt=True, tokenize=True,
-                                          return_dict=False)
-            for p in prompts
-        ]  # fmt: skip
-    return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-
-
 def _prompt_ids(spec: FeatureCacheSpec, tokenizer) -> list[list[int]]:
     """``spec.rows`` encoded prompts that fit ``max_prompt_tokens``, in a fixed order."""
     texts = chat_prompts(spec.split, spec.rows * 2, spec.seed)
     encoded = [
-        ids for ids in encode_prompts(tokenizer, texts) if len(ids) <= spec.max_prompt_tokens
+        ids for ids in encode_user_turns(tokenizer, texts) if len(ids) <= spec.max_prompt_tokens
     ]
     if len(encoded) < spec.rows:
         raise ValueError(
@@ -133,8 +122,7 @@ def build_cache(
                     batch = ordered[first : first + spec.gen_batch]
                     parts.append(generate_rows(target, batch, spec.seq_len, eos_ids, device))
                     bar.update(len(batch))
-                tensors = {f.name: torch.cat([getattr(p, f.name) for p in parts]).contiguous()
-                           for f in fields(DistilledRows)}  # fmt: skip
+                tensors = {k: v.contiguous() for k, v in vars(DistilledRows.cat(parts)).items()}
                 tmp = shard_path.with_suffix(".tmp")
                 save_file(tensors, str(tmp))
                 tmp.rename(shard_path)
@@ -151,8 +139,6 @@ def load_cache(cache_dir: Path) -> DistilledRows:
     """All rows of a complete cache (``input_ids`` as int64)."""
     manifest = json.loads((cache_dir / MANIFEST).read_text())
     parts = [load_file(str(cache_dir / name)) for name in manifest["shards"]]
-    rows = DistilledRows(
-        **{f.name: torch.cat([p[f.name] for p in parts]) for f in fields(DistilledRows)}
-    )
+    rows = DistilledRows.cat([DistilledRows(**part) for part in parts])
     rows.input_ids = rows.input_ids.long()
     return rows

@@ -42,11 +42,6 @@ class LoopResult:
     tokens_per_second: float  # trained (masked-in) positions per second
 
 
-def _select(rows: DistilledRows, index: torch.Tensor | slice) -> DistilledRows:
-    return DistilledRows(rows.input_ids[index], rows.hidden[index], rows.lengths[index],
-                         rows.prompt_lengths[index])  # fmt: skip
-
-
 def _step_inputs(rows: DistilledRows, shared: SharedWeights, device):
     """Teacher forcing: position i sees token i+1 and feature i, predicts feature i+1.
 
@@ -73,7 +68,7 @@ def evaluate(head, rows: DistilledRows, shared, cfg: LoopConfig, device) -> dict
     weights = LossWeights(cfg.loss.regression, cfg.loss.classification, cls_stride=1)
     for start in range(0, len(rows.input_ids), cfg.batch_rows):
         embeds, features, targets, positions, mask = _step_inputs(
-            _select(rows, slice(start, start + cfg.batch_rows)), shared, device
+            rows.select(slice(start, start + cfg.batch_rows)), shared, device
         )
         with autocast(cfg.bf16, device):
             predicted = head(embeds, features, positions).float()
@@ -112,7 +107,7 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup_steps)
         embeds, features, targets, positions, mask = _step_inputs(
-            _select(train_rows, batch), shared, device
+            train_rows.select(batch), shared, device
         )
         trained_tokens += int(mask.sum())
         with autocast(cfg.bf16, device):

@@ -117,7 +117,9 @@ def stdlib_prose() -> tuple[tuple[str, ...], tuple[str, ...]]:
     paragraphs: set[str] = set()
     sentences: set[str] = set()
     for path in sorted(root.rglob("*.py")):
-        if {"test", "tests", "site-packages", "idle_test"}.intersection(path.parts):
+        if {"test", "tests", "site-packages", "idle_test"}.intersection(
+            path.relative_to(root).parts
+        ):
             continue
         try:
             tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))

@@ -16,12 +16,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from nanospec_server.bench.specbench import spec_bench_path
+from nanospec_server.models.chat import encode_user_turns
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny_reference import eagle_logits
 from nanospec_server.models.tiny_spec import DRAFT_SHAPE
 from nanospec_server.train.cli import add_train_command, recipe_key
 from nanospec_server.train.distill import DistilledRows, generate_rows
-from nanospec_server.train.features import encode_prompts
 from nanospec_server.train.head import EagleHead, HeadConfig
 from nanospec_server.train.loop import _step_inputs
 from nanospec_server.train.prompts import Split, chat_prompts
@@ -209,7 +209,7 @@ def _prompts(tokenizer_dir: Path, count: int, length: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    encoded = encode_prompts(tokenizer, chat_prompts(Split.VAL, count, seed=0))
+    encoded = encode_user_turns(tokenizer, chat_prompts(Split.VAL, count, seed=0))
     return [ids[:length] for ids in encoded]
 
 
