@@ -39,7 +39,7 @@ def prepare_cpu_environment() -> bool:
 
     Returns whether the stand-in was activated (False when a real sgl_kernel loads).
     """
-    from nanospec_server.sglang_plugin.cpu_shim import activate_shim
+    from nanospec_server.sgl_kernel_cpu.shim import activate_shim
 
     for name, value in CPU_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)

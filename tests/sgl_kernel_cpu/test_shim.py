@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from nanospec_server.sglang_plugin import cpu_shim
+from nanospec_server.sgl_kernel_cpu import shim as cpu_shim
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import struct
 import pytest
 import torch
 
-from nanospec_server.sglang_plugin import cpu_shim
-from nanospec_server.sglang_plugin.cpu_ops import register_ops
-from nanospec_server.sglang_plugin.cpu_ops.renorm import top_k_renorm_prob, top_p_renorm_prob
-from nanospec_server.sglang_plugin.cpu_ops.spec_sampling import (
+from nanospec_server.sgl_kernel_cpu import shim as cpu_shim
+from nanospec_server.sgl_kernel_cpu.ops import register_ops
+from nanospec_server.sgl_kernel_cpu.ops.renorm import top_k_renorm_prob, top_p_renorm_prob
+from nanospec_server.sgl_kernel_cpu.ops.spec_sampling import (
     tree_speculative_sampling_target_only,
 )
 

@@ -1,6 +1,6 @@
 """Plain-PyTorch versions of the sgl_kernel CPU ops SGLang's CPU path needs.
 
-Used through the ``sgl_kernel`` stand-in package (see ``cpu_shim``) on hosts where the
+Used through the ``sgl_kernel`` stand-in package (see ``nanospec_server.sgl_kernel_cpu.shim``) on hosts where the
 real sgl_kernel cannot load; importable on its own for tests.
 """
 

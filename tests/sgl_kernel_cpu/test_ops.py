@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanospec_server.sglang_plugin import cpu_ops, cpu_shim
+from nanospec_server.sgl_kernel_cpu import ops as cpu_ops
+from nanospec_server.sgl_kernel_cpu import shim as cpu_shim
 
 SEEDS = range(6)
 

@@ -28,7 +28,7 @@ _PROBE_TIMEOUT_S = 120
 
 def shim_dir() -> Path:
     """The directory holding the stand-in ``sgl_kernel`` package."""
-    return Path(__file__).resolve().parent / "sgl_kernel_shim"
+    return Path(__file__).resolve().parent / "import_root"
 
 
 def _without_shim(paths: list[str]) -> list[str]:
