@@ -33,8 +33,8 @@ def tiny_setup(count: int) -> tuple[list[str], list[list[int]]]:
     hold their own continuation (a chain of the target's successors, then its first token
     again), half are random, so the modes differ only in what their vocabularies hold."""
     from nanospec_server.models.tiny import tiny_model_path
-    from nanospec_server.models.tiny_weights import SEEDS, agree_successor
-    from nanospec_server.models.tokenizer import BOS_ID, VOCAB_SIZE
+    from nanospec_server.models.tiny.tokenizer import BOS_ID, VOCAB_SIZE
+    from nanospec_server.models.tiny.weights import SEEDS, agree_successor
 
     successor = agree_successor(VOCAB_SIZE, SEEDS["agree-target"])[0].tolist()
     rng = random.Random(0)

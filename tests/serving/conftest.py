@@ -11,7 +11,7 @@ import pytest
 
 from nanospec_server.bench.server import generate, running_server
 from nanospec_server.models.tiny import tiny_model_path
-from nanospec_server.models.tokenizer import BOS_ID, VOCAB_SIZE
+from nanospec_server.models.tiny.tokenizer import BOS_ID, VOCAB_SIZE
 
 MAX_NEW_TOKENS = 24
 # Shared flags: small KV pool (the tiny models need little), fp32 so that the random

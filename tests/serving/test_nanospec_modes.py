@@ -14,9 +14,9 @@ import requests
 
 from nanospec_server.bench.server import generate, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
-from nanospec_server.models.tiny_weights import SEEDS, agree_successor
+from nanospec_server.models.tiny.tokenizer import BOS_ID, CORPUS_PATH, VOCAB_SIZE
+from nanospec_server.models.tiny.weights import SEEDS, agree_successor
 from nanospec_server.models.token_map import build_token_map
-from nanospec_server.models.tokenizer import BOS_ID, CORPUS_PATH, VOCAB_SIZE
 from tests.serving.conftest import generate_all, make_prompts
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from nanospec_server.bench.specbench import spec_bench_path
 from nanospec_server.models.chat import encode_user_turns
 from nanospec_server.models.tiny import tiny_model_path
-from nanospec_server.models.tiny_reference import eagle_logits
-from nanospec_server.models.tiny_spec import DRAFT_SHAPE
+from nanospec_server.models.tiny.reference import eagle_logits
+from nanospec_server.models.tiny.spec import DRAFT_SHAPE
 from nanospec_server.train.cli import add_train_command, recipe_key
 from nanospec_server.train.distill import DistilledRows, generate_rows
 from nanospec_server.train.head import EagleHead, HeadConfig

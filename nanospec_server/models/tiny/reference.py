@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nanospec_server.models.tiny_spec import RMS_NORM_EPS, LlamaShape
+from nanospec_server.models.tiny.spec import RMS_NORM_EPS, LlamaShape
 
 Tensors = dict[str, torch.Tensor]
 

@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from nanospec_server.models.tiny import TINY_MODELS, build_tiny_models, tiny_model_path
-from nanospec_server.models.tiny_reference import eagle_logits, llama_logits
-from nanospec_server.models.tiny_spec import DRAFT_SHAPE, TARGET_SHAPE
-from nanospec_server.models.tiny_weights import SEEDS, agree_successor
-from nanospec_server.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, VOCAB_SIZE
+from nanospec_server.models.tiny.reference import eagle_logits, llama_logits
+from nanospec_server.models.tiny.spec import DRAFT_SHAPE, TARGET_SHAPE
+from nanospec_server.models.tiny.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, VOCAB_SIZE
+from nanospec_server.models.tiny.weights import SEEDS, agree_successor
 
 VOCAB = torch.arange(VOCAB_SIZE)
 

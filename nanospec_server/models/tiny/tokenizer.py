@@ -1,6 +1,6 @@
 """A tiny byte-level BPE tokenizer, trained offline on a corpus we ship.
 
-Every tiny test model (see ``tiny.py``) carries a copy of these files so SGLang
+Every tiny test model (see ``build.py``) carries a copy of these files so SGLang
 and ``transformers.AutoTokenizer`` can load the tokenizer from the model path.
 Training is deterministic: the same corpus and `tokenizers` version give the
 same ``tokenizer.json`` bytes.

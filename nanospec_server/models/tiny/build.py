@@ -1,7 +1,7 @@
 """Tiny Llama test models, built offline and deterministically into a cache.
 
 Six models share one byte-level BPE tokenizer (``tokenizer.py``, vocab 997)
-and are all bfloat16 safetensors (see ``tiny_spec.TINY_MODELS``):
+and are all bfloat16 safetensors (see ``spec.TINY_MODELS``):
 
 * ``tiny-target``: random 2-layer ``LlamaForCausalLM`` (hidden 64, 4 heads,
   2 KV heads, intermediate 128); ``tiny-eagle``: random 1-layer EAGLE draft
@@ -10,7 +10,7 @@ and are all bfloat16 safetensors (see ``tiny_spec.TINY_MODELS``):
 * ``agree-target`` / ``agree-eagle`` / ``agree-standalone``: a context-free
   target and two drafts that predict exactly its greedy next token, so greedy
   speculative decoding accepts every draft token (acceptance length
-  num_steps + 1). See ``tiny_weights`` for the construction.
+  num_steps + 1). See ``weights`` for the construction.
 
 Each model directory is self-contained (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json) so SGLang loads the tokenizer from the
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from nanospec_server.models.tiny_spec import TINY_MODELS, config_dict
-from nanospec_server.models.tiny_weights import model_tensors
-from nanospec_server.models.tokenizer import write_tokenizer
+from nanospec_server.models.tiny.spec import TINY_MODELS, config_dict
+from nanospec_server.models.tiny.tokenizer import write_tokenizer
+from nanospec_server.models.tiny.weights import model_tensors
 
 __all__ = ["TINY_MODELS", "build_tiny_models", "tiny_cache_root", "tiny_model_path"]
 

@@ -12,8 +12,8 @@ import pytest
 
 from nanospec_server.host import prepare_cpu_environment
 from nanospec_server.models.tiny import tiny_model_path
-from nanospec_server.models.tiny_weights import SEEDS, agree_successor
-from nanospec_server.models.tokenizer import BOS_ID, VOCAB_SIZE
+from nanospec_server.models.tiny.tokenizer import BOS_ID, VOCAB_SIZE
+from nanospec_server.models.tiny.weights import SEEDS, agree_successor
 
 pytestmark = [
     pytest.mark.slow,

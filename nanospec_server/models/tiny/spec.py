@@ -1,6 +1,6 @@
 """Names, shapes and ``config.json`` contents of the tiny test models.
 
-The weights themselves are made in ``tiny_weights.py``; ``tiny.py`` writes both.
+The weights themselves are made in ``weights.py``; ``build.py`` writes both.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from nanospec_server.models.tokenizer import BOS_ID, EOS_ID, MAX_LENGTH, PAD_ID, VOCAB_SIZE
+from nanospec_server.models.tiny.tokenizer import BOS_ID, EOS_ID, MAX_LENGTH, PAD_ID, VOCAB_SIZE
 
 
 class ModelKind(str, Enum):

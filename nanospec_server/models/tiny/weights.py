@@ -32,19 +32,19 @@ from functools import cache
 
 import torch
 
-from nanospec_server.models.tiny_reference import (
+from nanospec_server.models.tiny.reference import (
     Tensors,
     eagle_logits,
     llama_hidden,
     llama_logits,
 )
-from nanospec_server.models.tiny_spec import (
+from nanospec_server.models.tiny.spec import (
     DRAFT_SHAPE,
     TARGET_SHAPE,
     TINY_MODELS,
     LlamaShape,
 )
-from nanospec_server.models.tokenizer import SPECIAL_TOKENS
+from nanospec_server.models.tiny.tokenizer import SPECIAL_TOKENS
 
 DTYPE = torch.bfloat16
 
