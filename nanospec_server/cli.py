@@ -9,7 +9,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from nanospec_server.config import CONFIG_ENV, Mode, NanoSpecConfig
+from nanospec_server.admin.auth import ADMIN_KEY_ENV
+from nanospec_server.admin.cli import add_admin_commands
+from nanospec_server.config import CONFIG_ENV, DEFAULT_HISTORY, HISTORY_ENV, Mode, NanoSpecConfig
 from nanospec_server.models.cli import add_models_commands
 from nanospec_server.models.errors import ModelPrepareError
 from nanospec_server.train.cli import add_train_command
@@ -43,6 +45,10 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     nanospec.add_argument("--nanospec-k-pre", type=int, default=3, help="top-k per prompt position")
     nanospec.add_argument("--nanospec-k-ver", type=int, default=3, help="top-k per verify step")
+    nanospec.add_argument(
+        "--nanospec-stats-history", type=int, default=DEFAULT_HISTORY,
+        help=f"finished requests /stats/vocab keeps per DP rank (default {DEFAULT_HISTORY})",
+    )  # fmt: skip
 
 
 def _add_token_map_command(commands: argparse._SubParsersAction) -> None:
@@ -65,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_token_map_command(commands)
     add_models_commands(commands)
     add_train_command(commands)
+    add_admin_commands(commands)
     return parser
 
 
@@ -132,6 +139,13 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
 def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.ArgumentParser) -> int:
     config = _config_from(args, parser)
     _check_flags(config, sglang_argv, parser)
+    if args.nanospec_stats_history < 1:
+        parser.error("--nanospec-stats-history: must be at least 1")
+    os.environ[HISTORY_ENV] = str(args.nanospec_stats_history)
+    admin_key = os.environ.get(ADMIN_KEY_ENV)
+    if admin_key and _flag_value(sglang_argv, "--admin-api-key") is None:
+        # From the environment (Docker secrets, compose), so it never shows in `ps`.
+        sglang_argv = sglang_argv + ["--admin-api-key", admin_key]
 
     from nanospec_server import host
 
@@ -169,8 +183,11 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
             server_args, launch_callback=lambda: print(f"nanospec: ready at {url}", flush=True)
         )
     except KeyboardInterrupt:
-        print("nanospec: stopped", flush=True)
+        pass  # Ctrl-C before uvicorn took over the signal; it stops the same way
     finally:
+        # After SIGINT uvicorn shuts down gracefully and launch_server simply returns, or
+        # the interrupt lands here first: either way this is the one place that reports it.
+        print("nanospec: stopped", flush=True)
         kill_process_tree(os.getpid(), include_parent=False)
     return 0
 

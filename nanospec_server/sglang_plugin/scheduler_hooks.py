@@ -21,7 +21,11 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
     install_scheduler_hooks.done = True
     if not server_args.speculative_algorithm:
         return
+    from nanospec_server.admin import metrics
     from nanospec_server.sglang_plugin import live_settings, output_streamer
+
+    if server_args.enable_metrics:
+        metrics.enable()
     from nanospec_server.sglang_plugin.draft_worker import (
         NanoSpecEagleDraftWorker,
         NanoSpecStandaloneDraftWorker,
