@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from nanospec_server.admin.auth import ADMIN_KEY_ENV
+from nanospec_server.admin.auth import ADMIN_KEY_ENV, ADMIN_KEY_FILE_ENV
 from nanospec_server.admin.cli import add_admin_commands
 from nanospec_server.config import CONFIG_ENV, DEFAULT_HISTORY, HISTORY_ENV, Mode, NanoSpecConfig
 from nanospec_server.models.cli import add_models_commands
@@ -136,13 +136,27 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
         parser.error(f"--tp-size: --nanospec-mode {config.mode.value} supports 1 only")
 
 
+def _admin_key_from_env(parser: argparse.ArgumentParser) -> str | None:
+    """$NANOSPEC_ADMIN_KEY, or the file $NANOSPEC_ADMIN_KEY_FILE names (a Docker secret)."""
+    key_file = os.environ.get(ADMIN_KEY_FILE_ENV)
+    if os.environ.get(ADMIN_KEY_ENV) or not key_file:
+        return os.environ.get(ADMIN_KEY_ENV)
+    try:
+        key = Path(key_file).read_text().strip()
+    except OSError as error:
+        parser.error(f"{ADMIN_KEY_FILE_ENV}: cannot read {key_file}: {error.strerror}")
+    if not key:
+        parser.error(f"{ADMIN_KEY_FILE_ENV}: {key_file} is empty")
+    return key
+
+
 def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.ArgumentParser) -> int:
     config = _config_from(args, parser)
     _check_flags(config, sglang_argv, parser)
     if args.nanospec_stats_history < 1:
         parser.error("--nanospec-stats-history: must be at least 1")
     os.environ[HISTORY_ENV] = str(args.nanospec_stats_history)
-    admin_key = os.environ.get(ADMIN_KEY_ENV)
+    admin_key = _admin_key_from_env(parser)
     if admin_key and _flag_value(sglang_argv, "--admin-api-key") is None:
         # From the environment (Docker secrets, compose), so it never shows in `ps`.
         sglang_argv = sglang_argv + ["--admin-api-key", admin_key]
@@ -176,6 +190,7 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
     load_plugins()
     server_args = prepare_server_args(sglang_argv)
     server_args.resolve_once()
+    host.redact_from_logs(server_args.admin_api_key, server_args.api_key)
     url = f"http://{server_args.host}:{server_args.port}"
     print(f"nanospec: starting {server_args.model_path} ({config.mode.value})", flush=True)
     try:

@@ -7,6 +7,7 @@ environment set here.
 
 from __future__ import annotations
 
+import logging
 import os
 
 # Flags that route SGLang's CPU path through attention ops our stand-in provides.
@@ -54,3 +55,29 @@ def cpu_flags_missing_from(argv: list[str]) -> list[str]:
         if flag not in given:
             extra += [flag, value]
     return extra
+
+
+def redact_from_logs(*secrets: str | None) -> None:
+    """Keep keys out of this process's log: SGLang logs every server argument at start.
+
+    A log-record factory sees each record before any handler formats it, whichever logger
+    it came from; the processes SGLang spawns log no server arguments.
+    """
+    secrets = tuple(s for s in secrets if s)
+    if not secrets:
+        return
+    make_record = logging.getLogRecordFactory()
+
+    def redacting_factory(*args, **kwargs) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            return record  # a malformed record: its handler reports it
+        if any(secret in message for secret in secrets):
+            for secret in secrets:
+                message = message.replace(secret, "<redacted>")
+            record.msg, record.args = message, None
+        return record
+
+    logging.setLogRecordFactory(redacting_factory)

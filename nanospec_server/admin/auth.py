@@ -14,6 +14,7 @@ import secrets
 from fastapi import HTTPException, Request
 
 ADMIN_KEY_ENV = "NANOSPEC_ADMIN_KEY"  # `nanospec serve` turns it into --admin-api-key
+ADMIN_KEY_FILE_ENV = "NANOSPEC_ADMIN_KEY_FILE"  # or reads the key from this file
 ADMIN_KEY_HEADER = "X-Admin-Key"
 
 
