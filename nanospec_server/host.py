@@ -29,6 +29,27 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
 }
 
 
+# Intra-op threads of the scheduler (the process that runs the models); the tokenizer,
+# detokenizer and HTTP processes keep OMP_NUM_THREADS=1. SGLang binds threads itself
+# (SGLANG_CPU_OMP_THREADS_BIND) only on AMX and arm64 hosts through its real sgl_kernel.
+CPU_THREADS_ENV = "NANOSPEC_CPU_THREADS"
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def default_cpu_threads(cores: int) -> int:
+    """All cores for the scheduler (see README, CPU threads, for the measurement)."""
+    return 1  # placeholder until measured
+
+
+def scheduler_cpu_threads() -> int:
+    """$NANOSPEC_CPU_THREADS, else the default for this host's cores."""
+    value = os.environ.get(CPU_THREADS_ENV)
+    return int(value) if value else default_cpu_threads(usable_cores())
+
+
 def has_cuda() -> bool:
     import torch
 

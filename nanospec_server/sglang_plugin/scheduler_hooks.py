@@ -19,6 +19,12 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
     if getattr(install_scheduler_hooks, "done", False):
         return
     install_scheduler_hooks.done = True
+    if server_args.device == "cpu":
+        import torch
+
+        from nanospec_server.host import scheduler_cpu_threads
+
+        torch.set_num_threads(scheduler_cpu_threads())
     if not server_args.speculative_algorithm:
         return
     from nanospec_server.admin import metrics

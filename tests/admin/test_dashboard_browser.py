@@ -57,12 +57,21 @@ def submit_w_max(browser, w_max: int, key: str) -> str:
     return result.text
 
 
+def texts(browser, selector: str) -> list[str]:
+    """Texts of the matching elements, read in one go: the page redraws on every poll."""
+    script = "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent)"
+    return browser.execute_script(script, selector)
+
+
+def _has(browser, selector: str) -> bool:
+    return browser.execute_script("return !!document.querySelector(arguments[0])", selector)
+
+
 def settings(server: Server) -> dict:
     return requests.get(f"{server.url}/nanospec/settings", timeout=30).json()
 
 
 def test_dashboard_shows_running_request_and_changes_w_max(server: Server, browser) -> None:
-    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     rid = "dashboard-running"
@@ -73,13 +82,12 @@ def test_dashboard_shows_running_request_and_changes_w_max(server: Server, brows
     )
     long_request.start()
     browser.get(f"{server.url}/dashboard?interval=300")
-    row = f'tr.running[data-rid="{rid}"]'
-    WebDriverWait(browser, 120).until(lambda b: b.find_elements(By.CSS_SELECTOR, row))
-    cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, f"{row} td")]
-    assert cells[1] == "running" and int(cells[6]) > 0  # active vocabulary now
-    WebDriverWait(browser, 60).until(
-        lambda b: b.find_elements(By.CSS_SELECTOR, f'#chart-active polyline[data-rid="{rid}"]')
-    )
+    cells = f'tr.running[data-rid="{rid}"] td'
+    WebDriverWait(browser, 120).until(lambda b: texts(b, cells))
+    row = texts(browser, cells)
+    assert row[1] == "running" and int(row[6]) > 0  # active vocabulary now
+    line = f'#chart-active polyline[data-rid="{rid}"]'
+    WebDriverWait(browser, 60).until(lambda b: _has(b, line))
 
     before = settings(server)["w_max"]
     assert "401" in submit_w_max(browser, 777, "")
@@ -87,9 +95,7 @@ def test_dashboard_shows_running_request_and_changes_w_max(server: Server, brows
     assert settings(server)["w_max"] == before
     assert "777" in submit_w_max(browser, 777, ADMIN_KEY)
     assert settings(server)["w_max"] == 777
-    WebDriverWait(browser, 30).until(
-        lambda b: b.find_element(By.CSS_SELECTOR, '[data-name="W_max"]').text == "777"
-    )
+    WebDriverWait(browser, 30).until(lambda b: texts(b, '[data-name="W_max"]') == ["777"])
     if os.environ.get(SCREENSHOT_ENV):
         browser.save_screenshot(str(Path(os.environ[SCREENSHOT_ENV])))
     long_request.join()
