@@ -94,9 +94,7 @@ def published_state(rt: runtime.NanoSpecRuntime) -> dict:
     # snapshotting it here files it under finished instead of leaving it "running".
     ended = [req for req in stats.running_reqs() if req.finished()]
     if ended:
-        rt.snapshot(ended)
-        for req in ended:
-            stats.running.pop(req.rid, None)
+        rt.snapshot(ended)  # files them through `remember_finished`
     reqs = stats.running_reqs()
     running = stats.describe_running(rt.snapshot(reqs)) if reqs else []
     return {

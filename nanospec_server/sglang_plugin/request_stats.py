@@ -138,6 +138,10 @@ class RequestStats:
                 self.running[req.rid] = RunningRequest(req, now, w_max)
             else:
                 running.w_max = w_max
+        if len(self.running) > len(self.counters):
+            # More than there are slots: some finished without a last chunk reaching the
+            # streamer (aborts) and nobody has read the statistics since. Bound the memory.
+            self.running = {rid: r for rid, r in self.running.items() if not r.req.finished()}
 
     def remember_finished(self, rid: str, stats: dict) -> None:
         running = self.running.pop(rid, None)
