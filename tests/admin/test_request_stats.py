@@ -57,3 +57,13 @@ def test_finished_requests_are_not_tracked() -> None:
     assert stats.running == {}
     stats.remember_finished("never-seen", stats.snapshot([0], [0], [0])[0])
     assert stats.totals.requests == 0 and not stats.finished
+
+
+def test_records_of_requests_that_never_reported_their_end_are_bounded() -> None:
+    stats = RequestStats(num_slots=2, vocab_size=10, device=torch.device("cpu"))
+    aborted = [Req("a", [1]), Req("b", [1])]
+    stats.track(aborted, w_max=8)
+    for req in aborted:
+        req.done = True  # aborted: no last chunk reaches the streamer
+    stats.track([Req("c", [1])], w_max=8)
+    assert list(stats.running) == ["c"]
