@@ -1,6 +1,7 @@
 """Tokens/s of `nanospec serve` on this CPU with the scheduler at 1 thread and at every core.
 
-    OMP_NUM_THREADS=1 python deploy/measure_cpu_threads.py [--tiny] [--max-new-tokens 48]
+    OMP_NUM_THREADS=1 python deploy/measure_cpu_threads.py [--tiny] [--max-new-tokens 48] \
+        [-- FLAGS FOR nanospec serve]
 
 Starts one server per setting (NANOSPEC_CPU_THREADS), sends the same greedy request
 twice (the first warms up), and prints the second's decode rate side by side. Bounded:
@@ -39,8 +40,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tiny", action="store_true", help="the tiny offline models")
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("serve_flags", nargs="*", help="more `nanospec serve` flags, after --")
     args = parser.parse_args()
-    flags = ["--tiny"] if args.tiny else []
+    flags = (["--tiny"] if args.tiny else []) + args.serve_flags
     cores = usable_cores()
     rates = {}
     with tempfile.TemporaryDirectory() as tmp:
