@@ -40,8 +40,12 @@ def usable_cores() -> int:
 
 
 def default_cpu_threads(cores: int) -> int:
-    """All cores for the scheduler (see README, CPU threads, for the measurement)."""
-    return 1  # placeholder until measured
+    """The cores left after the launcher (HTTP + tokenizer) and the detokenizer, at least 1.
+
+    Measured on a 2-core host (README, CPU threads): a second scheduler thread made decoding
+    several times slower, because the threads then fight the other processes for the cores.
+    """
+    return max(1, cores - 2)
 
 
 def scheduler_cpu_threads() -> int:
