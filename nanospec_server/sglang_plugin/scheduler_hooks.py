@@ -15,7 +15,7 @@ INTERNAL_STATE = "sglang.srt.managers.scheduler_components.internal_state"
 
 
 def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
-    """BEFORE hook on `Scheduler.__init__`: swap in our classes for this process."""
+    """BEFORE hook on `Scheduler.__init__`: CPU threads, then our classes for this process."""
     if getattr(install_scheduler_hooks, "done", False):
         return
     install_scheduler_hooks.done = True
