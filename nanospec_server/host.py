@@ -88,7 +88,9 @@ def redact_from_logs(*secrets: str | None) -> None:
     A log-record factory sees each record before any handler formats it, whichever logger
     it came from; the processes SGLang spawns log no server arguments.
     """
-    secrets = tuple(s for s in secrets if s)
+    # Quoted, as SGLang's `server_args=` line prints them: a bare short key would also
+    # match inside ordinary words.
+    secrets = tuple(repr(s) for s in secrets if s)
     if not secrets:
         return
     make_record = logging.getLogRecordFactory()
@@ -101,7 +103,7 @@ def redact_from_logs(*secrets: str | None) -> None:
             return record  # a malformed record: its handler reports it
         if any(secret in message for secret in secrets):
             for secret in secrets:
-                message = message.replace(secret, "<redacted>")
+                message = message.replace(secret, "'<redacted>'")
             record.msg, record.args = message, None
         return record
 
