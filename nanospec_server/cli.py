@@ -9,7 +9,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from nanospec_server.config import CONFIG_ENV, Mode, NanoSpecConfig
+from nanospec_server.admin.auth import ADMIN_KEY_ENV, ADMIN_KEY_FILE_ENV
+from nanospec_server.admin.cli import add_admin_commands
+from nanospec_server.config import CONFIG_ENV, DEFAULT_HISTORY, HISTORY_ENV, Mode, NanoSpecConfig
 from nanospec_server.models.cli import add_models_commands
 from nanospec_server.models.errors import ModelPrepareError
 from nanospec_server.train.cli import add_train_command
@@ -43,6 +45,10 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     nanospec.add_argument("--nanospec-k-pre", type=int, default=3, help="top-k per prompt position")
     nanospec.add_argument("--nanospec-k-ver", type=int, default=3, help="top-k per verify step")
+    nanospec.add_argument(
+        "--nanospec-stats-history", type=int, default=DEFAULT_HISTORY,
+        help=f"finished requests /stats/vocab keeps per DP rank (default {DEFAULT_HISTORY})",
+    )  # fmt: skip
 
 
 def _add_token_map_command(commands: argparse._SubParsersAction) -> None:
@@ -65,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_token_map_command(commands)
     add_models_commands(commands)
     add_train_command(commands)
+    add_admin_commands(commands)
     return parser
 
 
@@ -129,9 +136,30 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
         parser.error(f"--tp-size: --nanospec-mode {config.mode.value} supports 1 only")
 
 
+def _admin_key_from_env(parser: argparse.ArgumentParser) -> str | None:
+    """$NANOSPEC_ADMIN_KEY, or the file $NANOSPEC_ADMIN_KEY_FILE names (a Docker secret)."""
+    key_file = os.environ.get(ADMIN_KEY_FILE_ENV)
+    if os.environ.get(ADMIN_KEY_ENV) or not key_file:
+        return os.environ.get(ADMIN_KEY_ENV)
+    try:
+        key = Path(key_file).read_text().strip()
+    except OSError as error:
+        parser.error(f"{ADMIN_KEY_FILE_ENV}: cannot read {key_file}: {error.strerror}")
+    if not key:
+        parser.error(f"{ADMIN_KEY_FILE_ENV}: {key_file} is empty")
+    return key
+
+
 def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.ArgumentParser) -> int:
     config = _config_from(args, parser)
     _check_flags(config, sglang_argv, parser)
+    if args.nanospec_stats_history < 1:
+        parser.error("--nanospec-stats-history: must be at least 1")
+    os.environ[HISTORY_ENV] = str(args.nanospec_stats_history)
+    admin_key = _admin_key_from_env(parser)
+    if admin_key and _flag_value(sglang_argv, "--admin-api-key") is None:
+        # From the environment (Docker secrets, compose), so it never shows in `ps`.
+        sglang_argv = sglang_argv + ["--admin-api-key", admin_key]
 
     from nanospec_server import host
 
@@ -162,6 +190,7 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
     load_plugins()
     server_args = prepare_server_args(sglang_argv)
     server_args.resolve_once()
+    host.redact_from_logs(server_args.admin_api_key, server_args.api_key)
     url = f"http://{server_args.host}:{server_args.port}"
     print(f"nanospec: starting {server_args.model_path} ({config.mode.value})", flush=True)
     try:
@@ -169,8 +198,11 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
             server_args, launch_callback=lambda: print(f"nanospec: ready at {url}", flush=True)
         )
     except KeyboardInterrupt:
-        print("nanospec: stopped", flush=True)
+        pass  # Ctrl-C before uvicorn took over the signal; it stops the same way
     finally:
+        # After SIGINT uvicorn shuts down gracefully and launch_server simply returns, or
+        # the interrupt lands here first: either way this is the one place that reports it.
+        print("nanospec: stopped", flush=True)
         kill_process_tree(os.getpid(), include_parent=False)
     return 0
 

@@ -13,6 +13,8 @@ from enum import Enum
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 CONFIG_ENV = "NANOSPEC_CONFIG"
+HISTORY_ENV = "NANOSPEC_STATS_HISTORY"  # finished requests /stats/vocab keeps per DP rank
+DEFAULT_HISTORY = 1024
 
 
 class Mode(str, Enum):

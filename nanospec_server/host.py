@@ -7,6 +7,7 @@ environment set here.
 
 from __future__ import annotations
 
+import logging
 import os
 
 # Flags that route SGLang's CPU path through attention ops our stand-in provides.
@@ -26,6 +27,31 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
     # torch.compile costs ~20 s on the first speculative request and gains nothing here.
     "TORCHDYNAMO_DISABLE": "1",
 }
+
+
+# Intra-op threads of the scheduler (the process that runs the models); the tokenizer,
+# detokenizer and HTTP processes keep OMP_NUM_THREADS=1. SGLang binds threads itself
+# (SGLANG_CPU_OMP_THREADS_BIND) only on AMX and arm64 hosts through its real sgl_kernel.
+CPU_THREADS_ENV = "NANOSPEC_CPU_THREADS"
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def default_cpu_threads(cores: int) -> int:
+    """The cores left after the launcher (HTTP + tokenizer) and the detokenizer, at least 1.
+
+    Measured on a 2-core host (README, CPU threads): a second scheduler thread made decoding
+    several times slower, because the threads then fight the other processes for the cores.
+    """
+    return max(1, cores - 2)
+
+
+def scheduler_cpu_threads() -> int:
+    """$NANOSPEC_CPU_THREADS, else the default for this host's cores."""
+    value = os.environ.get(CPU_THREADS_ENV)
+    return int(value) if value else default_cpu_threads(usable_cores())
 
 
 def has_cuda() -> bool:
@@ -54,3 +80,31 @@ def cpu_flags_missing_from(argv: list[str]) -> list[str]:
         if flag not in given:
             extra += [flag, value]
     return extra
+
+
+def redact_from_logs(*secrets: str | None) -> None:
+    """Keep keys out of this process's log: SGLang logs every server argument at start.
+
+    A log-record factory sees each record before any handler formats it, whichever logger
+    it came from; the processes SGLang spawns log no server arguments.
+    """
+    # Quoted, as SGLang's `server_args=` line prints them: a bare short key would also
+    # match inside ordinary words.
+    secrets = tuple(repr(s) for s in secrets if s)
+    if not secrets:
+        return
+    make_record = logging.getLogRecordFactory()
+
+    def redacting_factory(*args, **kwargs) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            return record  # a malformed record: its handler reports it
+        if any(secret in message for secret in secrets):
+            for secret in secrets:
+                message = message.replace(secret, "'<redacted>'")
+            record.msg, record.args = message, None
+        return record
+
+    logging.setLogRecordFactory(redacting_factory)

@@ -1,50 +1,83 @@
-"""HTTP routes nanospec-server adds to SGLang's FastAPI app.
+"""HTTP routes nanospec-server adds to SGLang's FastAPI app (and so to its OpenAPI schema).
 
-Live settings travel through SGLang's own internal-state channel to the scheduler
-(`sglang_plugin/live_settings.py` handles them there); these routes validate first, so
-a bad value is a 400 with a message (SGLang's convention) instead of a silent `false`.
+Statistics and live settings travel through SGLang's own internal-state channel to the
+schedulers (`sglang_plugin/live_settings.py` handles them there, one per DP rank). Bodies
+are validated here first, so a bad value is a 4xx naming the field instead of a silent
+`false` from the scheduler.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from pathlib import Path
+from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nanospec_server.admin.auth import require_admin
+from nanospec_server.admin.stats_models import RequestEntry, RequestState, VocabStats, vocab_stats
 from nanospec_server.config import NanoSpecConfig
 
+logger = logging.getLogger(__name__)
+
 ROUTE_PREFIX = "/nanospec"
+STATIC_DIR = Path(__file__).parent / "static"
+MAX_SETTINGS_BODY = 4096  # bytes; a settings body is a few dozen
 
 
 class SettingsUpdate(BaseModel):
     """Any subset of the live settings."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     w_max: int | None = Field(None, ge=1)
     k_pre: int | None = Field(None, ge=0, le=64)
     k_ver: int | None = Field(None, ge=0, le=64)
 
 
-async def _scheduler_state() -> dict[str, Any]:
+def _field_errors(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in error.errors()
+    )
+
+
+async def _scheduler_states() -> list[dict[str, Any]]:
+    """One published state per DP rank."""
     from sglang.srt.entrypoints.http_server import _global_state
 
+    from nanospec_server.sglang_plugin.live_settings import STATE_KEY
+
     states = await _global_state.tokenizer_manager.get_internal_state()
-    state = states[0].get("nanospec") if states else None
-    if state is None:
+    ranks = [state[STATE_KEY] for state in states if STATE_KEY in state]
+    if not ranks:
         raise HTTPException(409, "this server runs no NanoSpec draft worker")
-    return state
+    return ranks
 
 
-async def _push_settings(changes: dict[str, int]) -> None:
+async def _push_settings(changes: dict[str, int], key_id: str) -> None:
     from sglang.srt.entrypoints.http_server import _global_state
     from sglang.srt.managers.io_struct import SetInternalStateReq
 
-    request = SetInternalStateReq(server_args={f"nanospec_{k}": v for k, v in changes.items()})
+    from nanospec_server.sglang_plugin.live_settings import settings_request
+
+    request = SetInternalStateReq(server_args=settings_request(changes, key_id))
     updated = await _global_state.tokenizer_manager.set_internal_state(request)
     if not all(updated):
         raise HTTPException(409, "the scheduler refused the update (see the server log)")
+
+
+async def _read_update(request: Request) -> SettingsUpdate:
+    body = await request.body()
+    if len(body) > MAX_SETTINGS_BODY:
+        raise HTTPException(413, f"body: larger than {MAX_SETTINGS_BODY} bytes")
+    try:
+        return SettingsUpdate.model_validate_json(body or b"{}")
+    except ValidationError as error:
+        # SGLang's app answers every invalid request with 400 and a message; so do we.
+        raise HTTPException(400, _field_errors(error)) from error
 
 
 def build_router() -> APIRouter:
@@ -58,25 +91,49 @@ def build_router() -> APIRouter:
     @router.get(f"{ROUTE_PREFIX}/settings")
     async def live_settings() -> NanoSpecConfig:
         """The settings in force now (after any live change)."""
-        return NanoSpecConfig.model_validate((await _scheduler_state())["config"])
+        return NanoSpecConfig.model_validate((await _scheduler_states())[0]["config"])
 
-    @router.post(f"{ROUTE_PREFIX}/settings")
-    async def change_settings(update: SettingsUpdate) -> NanoSpecConfig:
-        """Change W_max / K_pre / K_ver; effective at the next speculative step."""
-        changes = update.model_dump(exclude_none=True)
-        current = NanoSpecConfig.model_validate((await _scheduler_state())["config"])
+    @router.post(
+        f"{ROUTE_PREFIX}/settings",
+        openapi_extra={
+            "requestBody": {
+                "content": {"application/json": {"schema": SettingsUpdate.model_json_schema()}}
+            }
+        },
+    )
+    async def change_settings(
+        request: Request, key_id: Annotated[str, Depends(require_admin)]
+    ) -> NanoSpecConfig:
+        """Change W_max / K_pre / K_ver (admin key); effective at the next speculative step."""
+        changes = (await _read_update(request)).model_dump(exclude_none=True)
+        current = NanoSpecConfig.model_validate((await _scheduler_states())[0]["config"])
         if "w_max" in changes and changes["w_max"] > current.w_cap:
             raise HTTPException(
-                400, f"w_max {changes['w_max']} exceeds the capacity w_cap {current.w_cap}"
+                400, f"w_max: {changes['w_max']} exceeds the capacity w_cap {current.w_cap}"
             )
         if changes:
-            await _push_settings(changes)
-        return NanoSpecConfig.model_validate((await _scheduler_state())["config"])
+            await _push_settings(changes, key_id)
+        return NanoSpecConfig.model_validate((await _scheduler_states())[0]["config"])
 
     @router.get("/stats/vocab")
-    async def vocab_stats() -> dict[str, Any]:
-        """Settings, state size and the statistics of recently finished requests."""
-        return await _scheduler_state()
+    async def stats(
+        state: RequestState | None = None,
+        limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+    ) -> VocabStats:
+        """Aggregates since start, running requests and recently finished ones (no text)."""
+        return vocab_stats(await _scheduler_states(), state, limit)
+
+    @router.get("/stats/vocab/{rid}")
+    async def request_stats(rid: str) -> RequestEntry:
+        """One request's figures, running or recently finished."""
+        for entry in vocab_stats(await _scheduler_states()).requests:
+            if entry.rid == rid:
+                return entry
+        raise HTTPException(404, f"rid: no running or recently finished request {rid!r}")
+
+    @router.get("/dashboard", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        return FileResponse(STATIC_DIR / "dashboard.html")
 
     return router
 
@@ -85,3 +142,4 @@ def install_routes(app: FastAPI) -> None:
     if any(getattr(route, "path", "").startswith(ROUTE_PREFIX) for route in app.routes):
         return  # plugins may load twice in one process
     app.include_router(build_router())
+    app.mount(f"{ROUTE_PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="nanospec-static")

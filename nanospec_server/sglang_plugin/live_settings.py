@@ -1,12 +1,20 @@
-"""Live W_max / K_pre / K_ver through SGLang's internal-state channel.
+"""Live settings and published statistics through SGLang's internal-state channel.
 
-`POST /set_internal_state {"server_args": {"nanospec_w_max": 512}}` reaches the scheduler's
-`SchedulerInternalStateController`; we add handlers for our keys beside SGLang's own, and
-our runtime's state to `/get_internal_state`. A change applies at the next speculative step.
+`/set_internal_state` reaches the scheduler's `SchedulerInternalStateController`; we add
+one handler, `nanospec_settings`, beside SGLang's own. Its value carries the changes, the
+id of the admin key that asked (for the log) and a per-launch token that only the admin
+layer knows: SGLang's `/set_internal_state` needs no key when the server has none, so the
+token keeps it from being a way around `POST /nanospec/settings`'s key check.
+
+`/get_internal_state` gets our state: settings, totals, the running requests and the
+recently finished ones. A change applies at the next speculative step.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import secrets
 from typing import Any
 
 from pydantic import ValidationError
@@ -15,33 +23,93 @@ from sglang.srt.managers.scheduler_components.internal_state import (
     _UpdateHandler,
 )
 
+from nanospec_server.admin import metrics
 from nanospec_server.sglang_plugin import runtime
 
-SETTING_KEYS = {"nanospec_w_max": "w_max", "nanospec_k_pre": "k_pre", "nanospec_k_ver": "k_ver"}
+logger = logging.getLogger(__name__)
+
+SETTINGS_KEY = "nanospec_settings"
+TOKEN_ENV = "NANOSPEC_SETTINGS_TOKEN"
+STATE_KEY = "nanospec"
+
+
+def ensure_token() -> str:
+    """Called in the launcher before SGLang spawns its schedulers, which inherit it."""
+    return os.environ.setdefault(TOKEN_ENV, secrets.token_hex(16))
+
+
+def settings_request(changes: dict[str, int], key_id: str) -> dict[str, Any]:
+    """The `/set_internal_state` body the admin layer sends."""
+    value = {"changes": changes, "key_id": key_id, "token": os.environ.get(TOKEN_ENV, "")}
+    return {SETTINGS_KEY: value}
 
 
 def _validate(key: str, value: Any) -> None:
     if runtime.RUNTIME is None:
         raise UpdateRejected(f"{key}: this server runs no NanoSpec draft worker")
-    field = SETTING_KEYS[key]
+    expected = os.environ.get(TOKEN_ENV, "")
+    token = value.get("token") if isinstance(value, dict) else None
+    if not expected or not isinstance(token, str) or not secrets.compare_digest(token, expected):
+        raise UpdateRejected(f"{key}: change NanoSpec settings through POST /nanospec/settings")
     try:
-        runtime.RUNTIME.config.model_validate(runtime.RUNTIME.config.model_dump() | {field: value})
+        runtime.RUNTIME.config.model_validate(
+            runtime.RUNTIME.config.model_dump() | value["changes"]
+        )
     except ValidationError as error:
         raise UpdateRejected(f"{key}: {error.errors()[0]['msg']}") from error
 
 
-def _apply(key: str, value: Any) -> None:
-    runtime.RUNTIME.update_settings(**{SETTING_KEYS[key]: value})
+def _apply(key: str, value: dict[str, Any]) -> None:
+    old = runtime.RUNTIME.config
+    runtime.RUNTIME.update_settings(**value["changes"])
+    new = runtime.RUNTIME.config
+    changed = {k: (getattr(old, k), getattr(new, k)) for k in value["changes"]}
+    logger.info(
+        "nanospec: settings changed by admin key %s: %s",
+        value["key_id"],
+        ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
+    )
+    metrics.settings_changed(value["changes"])
+    metrics.w_max_in_force(new.w_max)
 
 
 def update_handlers_hook(original, controller) -> dict:
     handlers = original(controller)
-    for key in SETTING_KEYS:
-        handlers[key] = _UpdateHandler(_validate, _apply)
+    handlers[SETTINGS_KEY] = _UpdateHandler(_validate, _apply)
     return handlers
 
 
 def get_internal_state_hook(result, controller, recv_req):
     if runtime.RUNTIME is not None:
-        result.internal_state["nanospec"] = runtime.RUNTIME.state()
+        result.internal_state[STATE_KEY] = published_state(runtime.RUNTIME)
     return result
+
+
+def published_state(rt: runtime.NanoSpecRuntime) -> dict:
+    """What the admin layer reads: never any prompt or output text, only counts."""
+    from sglang.srt.runtime_context import get_parallel
+
+    stats = rt.stats
+    # A request can finish without its last chunk reaching our streamer (an abort);
+    # snapshotting it here files it under finished instead of leaving it "running".
+    ended = [req for req in stats.running_reqs() if req.finished()]
+    if ended:
+        rt.snapshot(ended)  # files them through `remember_finished`
+    reqs = stats.running_reqs()
+    running = stats.describe_running(rt.snapshot(reqs)) if reqs else []
+    return {
+        "dp_rank": get_parallel().dp_rank or 0,
+        "config": rt.config.model_dump(mode="json"),
+        "vocab_size": rt.vocab_size,
+        "state_bytes": state_bytes(rt),
+        "started_at": stats.started_at,
+        "history_size": stats.history,
+        "totals": stats.totals_dict(),
+        "running": running,
+        "finished": list(stats.finished.values()),
+    }
+
+
+def state_bytes(rt: runtime.NanoSpecRuntime) -> int:
+    """Device memory NanoSpec's per-request state takes (the one place that asks)."""
+    return rt.vocab.nbytes() if rt.vocab is not None else 0

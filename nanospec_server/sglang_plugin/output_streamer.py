@@ -2,7 +2,9 @@
 
 SGLang lets a `SchedulerOutputStreamer` subclass add fields to each emitted chunk; the
 scheduler picks the class through `Scheduler.get_output_streamer_class`, which our hook
-replaces. The statistics are read from the device here, once per chunk.
+replaces. The statistics are read from the device here, once per chunk. Every batch
+passes through `stream_output`, which is where the running requests are noted for
+`/stats/vocab`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ META_INFO_KEY = "nanospec"
 @dataclass(kw_only=True, slots=True)
 class NanoSpecOutputStreamer(SchedulerOutputStreamer):
     has_additional_customized_info: ClassVar[bool] = True
+
+    def stream_output(self, reqs, return_logprob: bool, skip_req=None):
+        rt = runtime.RUNTIME
+        if rt is not None and self.is_generation:
+            w_max = rt.config.w_max if rt.vocab is not None else None
+            rt.stats.track((req for req in reqs if req is not skip_req), w_max)
+        SchedulerOutputStreamer.stream_output(self, reqs, return_logprob, skip_req)
 
     def should_build_additional_customized_info(self) -> bool:
         return runtime.RUNTIME is not None

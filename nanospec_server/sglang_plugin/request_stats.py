@@ -3,26 +3,92 @@
 Counters are indexed by the request slot (SGLang's `req_pool_idx`) and updated with
 tensor ops inside the speculative step, so the step never waits on the host. The output
 streamer turns them into one plain dict per request when it emits a chunk.
+
+The host side keeps what the admin layer publishes: the requests running now (tracked
+from the output streamer, which sees every batch), a bounded history of finished ones,
+and totals since start. Only counts and figures, never prompt or output text.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from nanospec_server.admin import metrics
+from nanospec_server.config import DEFAULT_HISTORY, HISTORY_ENV
+
 # Counter columns, one row per slot.
 STEPS, ACCEPTED, EMITTED, COVERED, ACTIVE_SUM, ACTIVE_MAX, ROWS_SUM, HEAD_CALLS = range(8)
 NUM_COUNTERS = 8
-FINISHED_KEPT = 1024  # finished requests remembered for the admin layer
+
+
+def history_size() -> int:
+    return max(1, int(os.environ.get(HISTORY_ENV, DEFAULT_HISTORY)))
+
+
+@dataclass
+class RunningRequest:
+    """A request that has reached a batch and not finished yet."""
+
+    req: Any  # SGLang's Req: read for token counts only, dropped when it finishes
+    started_at: float
+    w_max: int | None  # the window length in force at its latest step
+
+    def describe(self, stats: dict, state: str, finished_at: float | None = None) -> dict:
+        return {
+            "rid": self.req.rid,
+            "state": state,
+            "prompt_tokens": len(self.req.origin_input_ids),
+            "output_tokens": len(self.req.output_ids),
+            "w_max": self.w_max,
+            "started_at": self.started_at,
+            "finished_at": finished_at,
+            **stats,
+        }
+
+
+@dataclass
+class Totals:
+    """Raw sums over finished requests; the admin layer derives means (across DP ranks too)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    draft_steps: int = 0
+    emitted_tokens: int = 0
+    covered_tokens: int = 0
+    active_vocab_sum: int = 0
+    lm_head_rows: int = 0
+    lm_head_calls: int = 0
+
+    def add(self, entry: dict) -> None:
+        self.requests += 1
+        self.prompt_tokens += entry["prompt_tokens"]
+        self.output_tokens += entry["output_tokens"]
+        self.draft_steps += entry["draft_steps"]
+        self.emitted_tokens += entry["emitted_tokens"]
+        self.covered_tokens += entry["covered_tokens"]
+        self.active_vocab_sum += entry["active_vocab_sum"]
+        self.lm_head_rows += entry["lm_head_rows"]
+        self.lm_head_calls += entry["lm_head_calls"]
 
 
 class RequestStats:
     def __init__(self, num_slots: int, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.counters = torch.zeros(num_slots, NUM_COUNTERS, dtype=torch.int64, device=device)
+        self.running: dict[str, RunningRequest] = {}
         self.finished: OrderedDict[str, dict] = OrderedDict()
+        self.history = history_size()
+        self.totals = Totals()
+        self.started_at = time.time()
+        self.w_max_published: int | None = None
 
     def reset(self, slots: Tensor) -> None:
         self.counters[slots] = 0
@@ -56,10 +122,50 @@ class RequestStats:
             for row, active, length in zip(rows, active_now, stream_len, strict=True)
         ]
 
+    # -- host bookkeeping for the admin layer ---------------------------------------------
+
+    def track(self, reqs, w_max: int | None) -> None:
+        """Every batch the output streamer sees: note new requests and the W_max in force."""
+        if w_max != self.w_max_published:
+            metrics.w_max_in_force(w_max or 0)
+            self.w_max_published = w_max
+        now = time.time()
+        for req in reqs:
+            if req.finished():
+                continue
+            running = self.running.get(req.rid)
+            if running is None:
+                self.running[req.rid] = RunningRequest(req, now, w_max)
+            else:
+                running.w_max = w_max
+        if len(self.running) > len(self.counters):
+            # More than there are slots: some finished without a last chunk reaching the
+            # streamer (aborts) and nobody has read the statistics since. Bound the memory.
+            self.running = {rid: r for rid, r in self.running.items() if not r.req.finished()}
+
     def remember_finished(self, rid: str, stats: dict) -> None:
-        self.finished[rid] = stats
-        while len(self.finished) > FINISHED_KEPT:
+        running = self.running.pop(rid, None)
+        if running is None or rid in self.finished:
+            return  # with the overlap schedule a finished request can be emitted twice
+        entry = running.describe(stats, "finished", finished_at=time.time())
+        self.finished[rid] = entry
+        while len(self.finished) > self.history:
             self.finished.popitem(last=False)
+        self.totals.add(entry)
+        metrics.observe_finished(entry, self.vocab_size)
+
+    def running_reqs(self) -> list:
+        return [running.req for running in self.running.values()]
+
+    def describe_running(self, stats: list[dict]) -> list[dict]:
+        """Entries for `running_reqs()` (in that order), given their snapshots."""
+        return [
+            running.describe(req_stats, "running")
+            for running, req_stats in zip(self.running.values(), stats, strict=True)
+        ]
+
+    def totals_dict(self) -> dict:
+        return asdict(self.totals)
 
 
 def _to_dict(row: list[int], active_now: int, stream_len: int, vocab_size: int) -> dict:
@@ -76,4 +182,9 @@ def _to_dict(row: list[int], active_now: int, stream_len: int, vocab_size: int) 
         "lm_head_rows_mean": row[ROWS_SUM] / calls if calls else None,
         "lm_head_calls": calls,
         "vocab_size": vocab_size,
+        # raw sums, so that means over many requests (and DP ranks) are exact
+        "emitted_tokens": row[EMITTED],
+        "covered_tokens": row[COVERED],
+        "active_vocab_sum": row[ACTIVE_SUM],
+        "lm_head_rows": row[ROWS_SUM],
     }

@@ -15,13 +15,23 @@ INTERNAL_STATE = "sglang.srt.managers.scheduler_components.internal_state"
 
 
 def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
-    """BEFORE hook on `Scheduler.__init__`: swap in our classes for this process."""
+    """BEFORE hook on `Scheduler.__init__`: CPU threads, then our classes for this process."""
     if getattr(install_scheduler_hooks, "done", False):
         return
     install_scheduler_hooks.done = True
+    if server_args.device == "cpu":
+        import torch
+
+        from nanospec_server.host import scheduler_cpu_threads
+
+        torch.set_num_threads(scheduler_cpu_threads())
     if not server_args.speculative_algorithm:
         return
+    from nanospec_server.admin import metrics
     from nanospec_server.sglang_plugin import live_settings, output_streamer
+
+    if server_args.enable_metrics:
+        metrics.enable()
     from nanospec_server.sglang_plugin.draft_worker import (
         NanoSpecEagleDraftWorker,
         NanoSpecStandaloneDraftWorker,

@@ -14,9 +14,11 @@ from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import BOS_ID, VOCAB_SIZE
 
 MAX_NEW_TOKENS = 24
+ADMIN_KEY = "test-admin-key"  # live settings changes need SGLang's --admin-api-key
 # Shared flags: small KV pool (the tiny models need little), fp32 so that the random
 # target has no bf16 near-ties that a different batch shape could flip.
 BASE_FLAGS = ["--max-total-tokens", "8192", "--mem-fraction-static", "0.3", "--dtype", "float32"]
+BASE_FLAGS += ["--admin-api-key", ADMIN_KEY]
 
 
 def make_prompts(count: int, seed: int, max_len: int = 200) -> list[list[int]]:

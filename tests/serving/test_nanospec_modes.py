@@ -17,7 +17,9 @@ from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import BOS_ID, CORPUS_PATH, VOCAB_SIZE
 from nanospec_server.models.tiny.weights import SEEDS, agree_successor
 from nanospec_server.models.token_map import build_token_map
-from tests.serving.conftest import generate_all, make_prompts
+from tests.serving.conftest import ADMIN_KEY, generate_all, make_prompts
+
+ADMIN_HEADERS = {"X-Admin-Key": ADMIN_KEY}
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 
@@ -82,7 +84,9 @@ def last_stats(result: dict) -> dict:
 
 
 def set_settings(url: str, **settings: int) -> dict:
-    response = requests.post(f"{url}/nanospec/settings", json=settings, timeout=60)
+    response = requests.post(
+        f"{url}/nanospec/settings", json=settings, headers=ADMIN_HEADERS, timeout=60
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -151,18 +155,24 @@ def test_ctx_only_loses_what_the_stream_keeps(serve, token_map, mode: str) -> No
 
 def test_bad_live_settings_are_refused_with_a_message(serve, token_map) -> None:
     with serve("agree-target", mode_flags("nanospec", "topk1", token_map)) as url:
-        too_big = requests.post(f"{url}/nanospec/settings", json={"w_max": W_CAP + 1}, timeout=60)
+        too_big = requests.post(
+            f"{url}/nanospec/settings", json={"w_max": W_CAP + 1}, headers=ADMIN_HEADERS, timeout=60
+        )
         # SGLang's app answers every invalid request with 400 and a message; so do we.
         assert too_big.status_code == 400 and "w_cap" in too_big.text, too_big.text
-        negative = requests.post(f"{url}/nanospec/settings", json={"k_ver": -1}, timeout=60)
+        negative = requests.post(
+            f"{url}/nanospec/settings", json={"k_ver": -1}, headers=ADMIN_HEADERS, timeout=60
+        )
         assert negative.status_code == 400 and "k_ver" in negative.text, negative.text
-        unknown = requests.post(f"{url}/nanospec/settings", json={"w_min": 3}, timeout=60)
+        unknown = requests.post(
+            f"{url}/nanospec/settings", json={"w_min": 3}, headers=ADMIN_HEADERS, timeout=60
+        )
         assert unknown.status_code == 400 and "w_min" in unknown.text, unknown.text
         assert requests.get(f"{url}/nanospec/settings", timeout=60).json()["w_max"] == W_MAX
         # the server still serves after the refusals
         assert generate(url, CHAIN_PROMPTS[1], 8)["output_ids"] == chain(CHAIN_PROMPTS[1][1], 9)[1:]
         stats = requests.get(f"{url}/stats/vocab", timeout=60).json()
-        assert stats["config"]["w_max"] == W_MAX and stats["finished_requests"]
+        assert stats["settings"]["w_max"] == W_MAX and stats["requests"]
 
 
 def test_random_target_is_lossless_under_nanospec(serve) -> None:

@@ -1,0 +1,128 @@
+"""Response models of `/stats/vocab`, built from what each scheduler (DP rank) publishes.
+
+The schedulers publish raw sums (`request_stats.Totals`); means are derived here so that
+figures over several DP ranks are exact, not means of means.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+from nanospec_server.config import NanoSpecConfig
+
+
+class RequestState(str, Enum):
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class RequestEntry(BaseModel):
+    """One request's NanoSpec figures (token counts only, never text)."""
+
+    rid: str
+    dp_rank: int = Field(description="data-parallel rank whose scheduler runs it")
+    state: RequestState
+    mode: str
+    prompt_tokens: int
+    output_tokens: int
+    w_max: int | None = Field(description="window length in force at its latest step")
+    active_vocab_size: int = Field(description="active vocabulary now (at finish if finished)")
+    active_vocab_mean: float
+    active_vocab_max: int
+    coverage: float | None = Field(description="emitted tokens that were in the active set")
+    accept_length_mean: float | None = Field(description="tokens emitted per draft step")
+    draft_steps: int
+    accepted_draft_tokens: int
+    lm_head_calls: int
+    lm_head_rows_mean: float | None
+    started_at: float = Field(description="Unix time the request reached a batch")
+    finished_at: float | None = None
+
+
+class Aggregates(BaseModel):
+    """Totals over finished requests since start, plus the requests running now."""
+
+    requests_finished: int
+    requests_running: int
+    prompt_tokens: int
+    output_tokens: int
+    draft_steps: int
+    active_vocab_mean: float | None = Field(description="per draft step, over all requests")
+    coverage_mean: float | None
+    accept_length_mean: float | None
+    lm_head_rows_computed: int
+    lm_head_rows_full_vocab: int = Field(description="what the full vocabulary would cost")
+    lm_head_rows_saved_fraction: float | None
+    state_bytes: int = Field(description="device memory of NanoSpec's per-request state")
+
+    @classmethod
+    def from_ranks(cls, ranks: list[dict]) -> Aggregates:
+        def total(name: str) -> int:
+            return sum(rank["totals"][name] for rank in ranks)
+
+        steps, emitted = total("draft_steps"), total("emitted_tokens")
+        computed = total("lm_head_rows")
+        full = sum(rank["totals"]["lm_head_calls"] * rank["vocab_size"] for rank in ranks)
+        return cls(
+            requests_finished=total("requests"),
+            requests_running=sum(len(rank["running"]) for rank in ranks),
+            prompt_tokens=total("prompt_tokens"),
+            output_tokens=total("output_tokens"),
+            draft_steps=steps,
+            active_vocab_mean=total("active_vocab_sum") / steps if steps else None,
+            coverage_mean=total("covered_tokens") / emitted if emitted else None,
+            accept_length_mean=emitted / steps if steps else None,
+            lm_head_rows_computed=computed,
+            lm_head_rows_full_vocab=full,
+            lm_head_rows_saved_fraction=1 - computed / full if full else None,
+            state_bytes=sum(rank["state_bytes"] for rank in ranks),
+        )
+
+
+class RankStats(BaseModel):
+    dp_rank: int
+    settings: NanoSpecConfig
+    aggregates: Aggregates
+
+
+class VocabStats(BaseModel):
+    settings: NanoSpecConfig = Field(description="settings in force (DP rank 0)")
+    vocab_size: int
+    started_at: float
+    history_size: int = Field(description="finished requests kept per rank")
+    aggregates: Aggregates = Field(description="over every DP rank")
+    ranks: list[RankStats]
+    requests: list[RequestEntry] = Field(description="running first, then newest finished")
+
+
+def entries(rank: dict) -> list[RequestEntry]:
+    rows = rank["running"] + rank["finished"][::-1]
+    return [RequestEntry.model_validate(row | {"dp_rank": rank["dp_rank"]}) for row in rows]
+
+
+def vocab_stats(
+    ranks: list[dict], state: RequestState | None = None, limit: int | None = None
+) -> VocabStats:
+    requests = [entry for rank in ranks for entry in entries(rank)]
+    requests.sort(key=lambda e: (e.state != RequestState.RUNNING, -(e.finished_at or 0)))
+    if state is not None:
+        requests = [entry for entry in requests if entry.state == state]
+    first = ranks[0]
+    return VocabStats(
+        settings=NanoSpecConfig.model_validate(first["config"]),
+        vocab_size=first["vocab_size"],
+        started_at=min(rank["started_at"] for rank in ranks),
+        history_size=first["history_size"],
+        aggregates=Aggregates.from_ranks(ranks),
+        ranks=[
+            RankStats(
+                dp_rank=rank["dp_rank"],
+                settings=NanoSpecConfig.model_validate(rank["config"]),
+                aggregates=Aggregates.from_ranks([rank]),
+            )
+            for rank in ranks
+        ],
+        requests=requests[:limit] if limit is not None else requests,
+    )

@@ -1,0 +1,70 @@
+"""`nanospec stats` and `nanospec config` as a user runs them: errors name the flag,
+and against the real server the table and the settings change work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nanospec_server.bench.server import free_port
+from tests.admin.conftest import Server
+from tests.serving.conftest import ADMIN_KEY
+
+
+def nanospec(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "NANOSPEC_ADMIN_KEY"}
+    command = [sys.executable, "-m", "nanospec_server.cli", *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env=base | (env or {})
+    )
+
+
+DEAD_URL = f"http://127.0.0.1:{free_port()}"
+BAD_COMMANDS = [
+    (["stats", "--url", "localhost:30000"], "--url"),
+    (["stats", "--url", DEAD_URL], "--url"),
+    (["stats", "--url", DEAD_URL, "--limit", "0"], "--limit"),
+    (["stats", "--url", DEAD_URL, "--watch", "-1"], "--watch"),
+    (["stats", "--state", "bogus"], "--state"),
+    (["config", "get", "--url", DEAD_URL], "--url"),
+    (["config", "set", "w_min", "5"], "key"),
+    (["config", "set", "w_max", "big"], "value"),
+    (["config", "set", "w_max", "64", "--url", DEAD_URL], "--admin-key"),
+]
+
+
+@pytest.mark.parametrize(("args", "named"), BAD_COMMANDS)
+def test_errors_name_the_flag(args: list[str], named: str) -> None:
+    done = nanospec(*args)
+    assert done.returncode != 0 and named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(300)
+def test_stats_and_config_against_the_server(server: Server) -> None:
+    from nanospec_server.bench.server import generate
+
+    generate(server.url, [1, 7, 8, 9], 6)
+    table = nanospec("stats", "--url", server.url, "--limit", "3")
+    assert table.returncode == 0, table.stderr
+    assert "settings  mode=nanospec" in table.stdout and "coverage" in table.stdout
+    assert " finished " in table.stdout  # a request row
+
+    before = nanospec("config", "get", "--url", server.url)
+    assert before.returncode == 0 and "w_max=" in before.stdout
+    wrong = nanospec("config", "set", "w_max", "640", "--url", server.url, "--admin-key", "nope")
+    assert wrong.returncode == 1 and "403" in wrong.stderr
+    right = nanospec(
+        "config", "set", "w_max", "640", "--url", server.url, env={"NANOSPEC_ADMIN_KEY": ADMIN_KEY}
+    )
+    assert right.returncode == 0 and "w_max=640" in right.stdout, right.stderr
+    too_big = nanospec(
+        "config", "set", "w_max", "99999", "--url", server.url, "--admin-key", ADMIN_KEY
+    )
+    assert too_big.returncode == 1 and "w_max" in too_big.stderr
+    w_max = before.stdout.split("w_max=")[1].split()[0]
+    nanospec("config", "set", "w_max", w_max, "--url", server.url, "--admin-key", ADMIN_KEY)

@@ -1,0 +1,69 @@
+"""Host bookkeeping of `RequestStats`: running requests, bounded history, totals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from nanospec_server.config import HISTORY_ENV
+from nanospec_server.sglang_plugin.request_stats import RequestStats
+
+
+@dataclass
+class Req:
+    """The three things the bookkeeping reads from SGLang's Req."""
+
+    rid: str
+    origin_input_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    done: bool = False
+
+    def finished(self) -> bool:
+        return self.done
+
+
+def test_running_then_finished_with_totals(monkeypatch) -> None:
+    monkeypatch.setenv(HISTORY_ENV, "2")
+    stats = RequestStats(num_slots=4, vocab_size=100, device=torch.device("cpu"))
+    reqs = [Req(f"r{i}", [1] * (i + 1)) for i in range(3)]
+    stats.track(reqs, w_max=64)
+    assert list(stats.running) == ["r0", "r1", "r2"]
+    slots = torch.tensor([0, 1, 2])
+    stats.record_verify(slots, torch.tensor([2, 1, 3]), torch.tensor([1, 1, 2]), slots + 10)
+    stats.record_head(slots, 12)
+    stats.track(reqs, w_max=32)  # a live change reaches the running requests
+    running = stats.describe_running(stats.snapshot([0, 1, 2], [10, 11, 12], [5, 5, 5]))
+    assert [e["w_max"] for e in running] == [32, 32, 32]
+    assert [e["prompt_tokens"] for e in running] == [1, 2, 3]
+
+    for i, req in enumerate(reqs):
+        req.output_ids, req.done = [7] * 4, True
+        snapshot = stats.snapshot([i], [10 + i], [5])[0]
+        stats.remember_finished(req.rid, snapshot)
+        stats.remember_finished(req.rid, snapshot)  # emitted twice: counted once
+    assert stats.running == {}
+    assert list(stats.finished) == ["r1", "r2"]  # history of 2 keeps the newest
+    totals = stats.totals
+    assert (totals.requests, totals.prompt_tokens, totals.output_tokens) == (3, 6, 12)
+    assert (totals.draft_steps, totals.emitted_tokens, totals.covered_tokens) == (3, 6, 4)
+    assert (totals.lm_head_rows, totals.lm_head_calls, totals.active_vocab_sum) == (36, 3, 33)
+    assert stats.finished["r2"]["state"] == "finished" and stats.finished["r2"]["finished_at"]
+
+
+def test_finished_requests_are_not_tracked() -> None:
+    stats = RequestStats(num_slots=2, vocab_size=10, device=torch.device("cpu"))
+    stats.track([Req("x", [1], done=True)], w_max=8)
+    assert stats.running == {}
+    stats.remember_finished("never-seen", stats.snapshot([0], [0], [0])[0])
+    assert stats.totals.requests == 0 and not stats.finished
+
+
+def test_records_of_requests_that_never_reported_their_end_are_bounded() -> None:
+    stats = RequestStats(num_slots=2, vocab_size=10, device=torch.device("cpu"))
+    aborted = [Req("a", [1]), Req("b", [1])]
+    stats.track(aborted, w_max=8)
+    for req in aborted:
+        req.done = True  # aborted: no last chunk reaches the streamer
+    stats.track([Req("c", [1])], w_max=8)
+    assert list(stats.running) == ["c"]

@@ -1,0 +1,32 @@
+"""Host settings: the scheduler's CPU threads."""
+
+from __future__ import annotations
+
+from nanospec_server.host import CPU_THREADS_ENV, default_cpu_threads, scheduler_cpu_threads
+
+
+def test_default_leaves_two_cores_to_the_other_processes() -> None:
+    assert [default_cpu_threads(n) for n in (1, 2, 3, 8, 64)] == [1, 1, 1, 6, 62]
+
+
+def test_environment_overrides_the_default(monkeypatch) -> None:
+    monkeypatch.setenv(CPU_THREADS_ENV, "3")
+    assert scheduler_cpu_threads() == 3
+
+
+def test_keys_are_redacted_from_log_records(caplog) -> None:
+    import logging
+
+    from nanospec_server.host import redact_from_logs
+
+    factory = logging.getLogRecordFactory()
+    try:
+        redact_from_logs("k", None)
+        logger = logging.getLogger("sglang.srt.server_args_test")
+        with caplog.at_level(logging.INFO):
+            logger.info("server_args=%s", {"admin_api_key": "k", "host": "127.0.0.1"})
+            logger.info("kill_process_tree called")
+        assert "'admin_api_key': '<redacted>'" in caplog.text
+        assert "'k'" not in caplog.text and "kill_process_tree called" in caplog.text
+    finally:
+        logging.setLogRecordFactory(factory)
