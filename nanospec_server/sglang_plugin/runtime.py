@@ -21,6 +21,7 @@ from torch import Tensor
 
 from nanospec_server.config import Mode, NanoSpecConfig
 from nanospec_server.sglang_plugin.request_stats import RequestStats
+from nanospec_server.sglang_plugin.stream_recorder import StreamRecorder
 from nanospec_server.sglang_plugin.verify_capture import LAST_VERIFY, VerifyCandidates
 from nanospec_server.vocab import DynamicVocab, topk_tokens_in_chunks
 
@@ -44,6 +45,7 @@ class NanoSpecRuntime:
     owners: dict[int, SlotOwner] = field(default_factory=dict)
     # The output streamer may see a finished request after SGLang released its slot.
     slot_of_rid: dict[str, int] = field(default_factory=dict)
+    recorder: StreamRecorder | None = field(default_factory=StreamRecorder.from_env)
 
     @property
     def mode(self) -> Mode:
@@ -73,10 +75,11 @@ class NanoSpecRuntime:
             end = prefix_len + extend_len
             prompt_rows.append(_fill_ids(req)[owner.prompt_tokens_appended : end])
             owner.prompt_tokens_appended = end
-        self.vocab.append(slots, *_padded(prompt_rows, slots.device))
+        rids = [req.rid for req in batch.reqs]
+        self._append(slots, *_padded(prompt_rows, slots.device), rids, "prefill")
         if target_hidden is not None and self.config.k_pre > 0:
             top = topk_tokens_in_chunks(target_hidden, self.target_head, self.config.k_pre)
-            self.vocab.append(slots, *_per_request_rows(top, batch.extend_lens))
+            self._append(slots, *_per_request_rows(top, batch.extend_lens), rids, "prefill")
         self.vocab.refresh(slots)
 
     def _claim_slots(self, reqs, slots: Tensor) -> None:
@@ -110,17 +113,22 @@ class NanoSpecRuntime:
         covered = (self._in_draft_vocab(slots, emitted) & emitted_valid).sum(1)
         self.stats.record_verify(slots, accept_lens, covered, self._active_size(slots))
         if candidates is not None and self._appends_while_decoding():
-            self._append_step(slots, candidates)
+            self._append_step(slots, candidates, [req.rid for req in batch.reqs])
             self.vocab.refresh(slots)
 
-    def _append_step(self, slots: Tensor, candidates: VerifyCandidates) -> None:
+    def _append_step(self, slots: Tensor, candidates: VerifyCandidates, rids: list[str]) -> None:
         # Order within a step (it decides eviction): the draft tree, root first, then the
         # verify top-K_ver position by position, rank by rank. Later entries live longer.
         top = candidates.top_tokens.flatten(1)
         tokens = torch.cat([candidates.tree_tokens.to(torch.int64), top], dim=1)
         tree_valid = torch.ones_like(candidates.tree_tokens, dtype=torch.bool)
         valid = torch.cat([tree_valid, candidates.top_valid.flatten(1)], dim=1)
+        self._append(slots, tokens, valid, rids, "step")
+
+    def _append(self, slots: Tensor, tokens: Tensor, valid: Tensor, rids: list[str], kind: str):
         self.vocab.append(slots, tokens, valid)
+        if self.recorder is not None:
+            self.recorder.record(rids, kind, tokens, valid)
 
     def _appends_while_decoding(self) -> bool:
         return self.vocab is not None and self.mode != Mode.CTX_ONLY
