@@ -102,7 +102,7 @@ def window_append(
 
 @triton.jit
 def _packed_logits_kernel(
-    hidden, rows, count, out, n_rows, hidden_size, stride_h, stride_r, stride_o,
+    hidden, rows, count, out, n_rows, n_cols, hidden_size, stride_h, stride_r, stride_o,
     BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -120,7 +120,7 @@ def _packed_logits_kernel(
             w = tl.load(rows + r[:, None] * stride_r + d[None, :], mask=w_mask, other=0.0)
             acc += tl.dot(h, tl.trans(w))
         acc = tl.where(r[None, :] < live, acc, float("-inf"))
-    mask = (n[:, None] < n_rows) & (r[None, :] < tl.num_programs(0) * BLOCK_R)
+    mask = (n[:, None] < n_rows) & (r[None, :] < n_cols)
     tl.store(out + n[:, None] * stride_o + r[None, :], acc, mask=mask)
 
 
@@ -131,11 +131,10 @@ def packed_logits(hidden: Tensor, rows: Tensor, count: Tensor) -> Tensor:
     hidden = hidden.to(rows.dtype).contiguous()
     block_r, block_d = 64, 64
     block_n = max(16, min(64, triton.next_power_of_2(n_rows)))
-    padded = triton.cdiv(capacity, block_r) * block_r
-    out = torch.empty(n_rows, padded, dtype=torch.float32, device=rows.device)
+    out = torch.empty(n_rows, capacity, dtype=torch.float32, device=rows.device)
     grid = (triton.cdiv(capacity, block_r), triton.cdiv(n_rows, block_n))
     _packed_logits_kernel[grid](
-        hidden, rows, count, out, n_rows, hidden_size, hidden.stride(0), rows.stride(0),
-        out.stride(0), BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_D=block_d,
+        hidden, rows, count, out, n_rows, capacity, hidden_size, hidden.stride(0),
+        rows.stride(0), out.stride(0), BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_D=block_d,
     )  # fmt: skip
-    return out[:, :capacity]
+    return out

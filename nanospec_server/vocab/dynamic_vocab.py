@@ -57,9 +57,7 @@ class DynamicVocab:
         num_pinned = len(self.always_active)
         capacity = union_capacity
         if capacity is None:
-            capacity = self.default_union_capacity(
-            vocab_size, w_cap, max_batch, num_pinned
-        )
+            capacity = self.default_union_capacity(vocab_size, w_cap, max_batch, num_pinned)
         if not num_pinned <= capacity <= vocab_size:
             raise ValueError(
                 f"union_capacity must be in [{num_pinned}, {vocab_size}], got {capacity}"
@@ -147,9 +145,7 @@ class DynamicVocab:
         # for graphs; the Triton kernel skips the rows past the count on the device.
         rows = head.capacity if self.static_shapes else int(head.count)
         buf, ids = head.buf[:rows], head.ids[:rows]
-        logits = ops.packed_logits(hidden, buf, head.count)
-        live_only = not self.static_shapes or ops.packed_logits_reads_live_rows_only(buf)
-        self._rows_read = head.count.clone() if live_only else rows
+        logits = self.packed_logits(hidden, buf)
         logits = logits.masked_fill(~self._allowed(ids, row_slots), float("-inf"))
         if rows < k:  # fewer rows than k: pad with impossible entries
             logits = torch.nn.functional.pad(logits, (0, k - rows), value=float("-inf"))
@@ -173,10 +169,19 @@ class DynamicVocab:
         rows = min(max(live, min_rows), self.head.capacity)
         return self.head.buf[:rows], self.head.ids[:rows]
 
+    def packed_logits(self, hidden: Tensor, rows: Tensor) -> Tensor:
+        """float32 logits of ``hidden`` [N, d] against ``rows`` (a prefix of the packed
+        buffer, e.g. from ``packed_rows``), -inf past the live count. On CUDA the Triton
+        kernel reads only the rows below the device-side count, so a fixed-shape (graph)
+        caller multiplies the live union, not the capacity."""
+        logits = ops.packed_logits(hidden, rows, self.head.count)
+        live_only = not self.static_shapes or ops.packed_logits_reads_live_rows_only(rows)
+        self._rows_read = self.head.count.clone() if live_only else len(rows)
+        return logits
+
     def mask_logits_(self, logits: Tensor, row_slots: Tensor) -> Tensor:
         """In place: -inf wherever a packed row is not in that logits row's active set."""
         ids = self.head.ids[: logits.shape[1]]
-        self._rows_read = len(ids)  # the caller multiplied every row it was given
         return logits.masked_fill_(~self._allowed(ids, row_slots), float("-inf"))
 
     def _allowed(self, ids: Tensor, row_slots: Tensor) -> Tensor:
@@ -190,8 +195,13 @@ class DynamicVocab:
 
     @property
     def rows_computed(self) -> int:
-        """LM-head rows the last topk read (on CUDA this reads a device value: stats only)."""
+        """LM-head rows the last topk / packed_logits read (on CUDA this reads a device
+        value: stats only; ``rows_read`` keeps it on the device)."""
         return int(self._rows_read)
+
+    @property
+    def rows_read(self) -> Tensor | int:
+        return self._rows_read
 
     def active_size(self, slots: Tensor) -> Tensor:
         """|I| per slot: distinct tokens of the current window, plus always-active ones."""
@@ -257,9 +267,7 @@ class DynamicVocab:
         max_batch = max_batch if max_batch is not None else max(num_slots - 1, 1)
         capacity = union_capacity
         if capacity is None:
-            capacity = DynamicVocab.default_union_capacity(
-            vocab_size, w_cap, max_batch, num_pinned
-        )
+            capacity = DynamicVocab.default_union_capacity(vocab_size, w_cap, max_batch, num_pinned)
         window = num_slots * WindowState.bytes_per_slot(vocab_size, w_cap)
         return window + UnionHead.bytes_for(vocab_size, capacity, hidden, element_size)
 
