@@ -36,6 +36,7 @@ DEFAULT_STREAMS = Path.home() / ".cache/nanospec-server/streams/specbench.jsonl"
 
 
 def record(args: argparse.Namespace) -> int:
+    from nanospec_server.bench import server
     from nanospec_server.bench.server import generate, running_server
     from nanospec_server.bench.specbench import spec_bench_prompts
     from nanospec_server.models.defaults import default_serve_argv
@@ -47,7 +48,9 @@ def record(args: argparse.Namespace) -> int:
     target = Path(flags[flags.index("--model-path") + 1])
     prompts = spec_bench_prompts(target, args.prompts)
     os.environ[RECORD_ENV] = str(args.streams)  # the server's scheduler inherits it
+    server.START_TIMEOUT_S = args.start_timeout  # a loaded CPU host loads slowly
     log = Path(tempfile.mkdtemp()) / "record.log"
+    print(f"server log: {log}")
     with running_server(flags, log) as url:
         with ThreadPoolExecutor(args.concurrency) as pool:
             done = pool.map(lambda p: generate(url, p, args.max_new_tokens), prompts)
@@ -133,6 +136,7 @@ def main() -> int:
     rec.add_argument("--prompts", type=int, default=32)
     rec.add_argument("--max-new-tokens", type=int, default=32)
     rec.add_argument("--concurrency", type=int, default=4)
+    rec.add_argument("--start-timeout", type=int, default=1200, help="seconds")
     rec.add_argument("--streams", type=Path, default=DEFAULT_STREAMS)
     rep = commands.add_parser("replay", help="replay recorded streams at several batch sizes")
     rep.add_argument("--streams", type=Path, default=DEFAULT_STREAMS)
