@@ -55,6 +55,17 @@ def packed_logits_reads_live_rows_only(rows: Tensor) -> bool:
     return _triton_for(rows) is not None
 
 
+def window_refresh(
+    ring: Tensor, length: Tensor, last_pos: Tensor, members: Tensor, in_set: Tensor,
+    slots: Tensor, w_max: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:  # fmt: skip
+    """WindowState.refresh fused in one kernel where Triton runs (its torch code is the
+    reference); None elsewhere."""
+    if (tri := _triton_for(ring)) is None:
+        return None
+    return tri.window_refresh(ring, length, last_pos, members, in_set, slots, w_max)
+
+
 def cpu_vocab_kernels(window, head):
     """Fused C++ append/refresh for a CPU (window, head) pair, or None where they do not
     apply (CUDA tensors, mixed dtypes, no compiler, or another backend forced)."""
@@ -68,5 +79,6 @@ __all__ = [
     "window_append",
     "packed_logits",
     "packed_logits_reads_live_rows_only",
+    "window_refresh",
     "cpu_vocab_kernels",
 ]
