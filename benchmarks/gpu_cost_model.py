@@ -9,7 +9,7 @@ packed head reads against the full head at a GPU-sized draft head, bytes the gat
 a GPU, so bytes read are its cost.
 
     # 1. record (starts the real default pair on CPU, a few minutes):
-    python benchmarks/gpu_cost_model.py record --prompts 32 --max-new-tokens 32
+    python benchmarks/gpu_cost_model.py record --prompts 16 --max-new-tokens 32 --budget-s 600
     # 2. replay (seconds to minutes):
     python benchmarks/gpu_cost_model.py replay --hidden 4096 --vocab 152064
 
@@ -25,7 +25,7 @@ import statistics
 import sys
 import tempfile
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import torch
@@ -52,10 +52,12 @@ def record(args: argparse.Namespace) -> int:
     log = Path(tempfile.mkdtemp()) / "record.log"
     print(f"server log: {log}")
     with running_server(flags, log) as url:
-        with ThreadPoolExecutor(args.concurrency) as pool:
-            done = pool.map(lambda p: generate(url, p, args.max_new_tokens), prompts)
-            tokens = sum(r["meta_info"]["completion_tokens"] for r in done)
-    print(f"recorded {len(prompts)} requests, {tokens} generated tokens -> {args.streams}")
+        pool = ThreadPoolExecutor(args.concurrency)
+        futures = [pool.submit(generate, url, p, args.max_new_tokens) for p in prompts]
+        # Past the budget, stop: requests still running keep the steps recorded so far.
+        done, _ = wait(futures, timeout=args.budget_s)
+        pool.shutdown(wait=False, cancel_futures=True)
+    print(f"{len(done)} of {len(prompts)} requests finished -> {args.streams}")
     return 0
 
 
@@ -76,7 +78,9 @@ def load_streams(path: Path) -> list[list[list[int]]]:
 
 
 def replay(streams, batch: int, args: argparse.Namespace) -> dict:
-    """Requests run in waves of ``batch`` (a finished one is replaced by the next stream)."""
+    """``batch`` requests at a time (a finished one is replaced by the next stream); with
+    fewer recorded streams than ``batch``, streams repeat (their tokens coincide, so the
+    union is then a lower bound). Statistics cover decode steps with ``batch`` requests."""
     vocab_size, w = args.vocab, args.w_max
     # A narrow weight stands in for the head: bytes are computed for the real width.
     weight = torch.zeros(vocab_size, 1)
@@ -89,10 +93,12 @@ def replay(streams, batch: int, args: argparse.Namespace) -> dict:
     running: dict[int, list[list[int]]] = {}  # slot -> remaining appends
     union, entered, steps = [], [], 0
     while queue or running:
+        prefill = False  # a step that admits a request is a prefill: not a decode step
         for slot in range(1, batch + 1):
             if slot not in running and queue:
                 running[slot] = list(queue.pop(0))
                 vocab.reset(torch.tensor([slot]))
+                prefill = True
         slots = sorted(running)
         appends = [running[s].pop(0) for s in slots]
         width = max(len(a) for a in appends)
@@ -105,7 +111,7 @@ def replay(streams, batch: int, args: argparse.Namespace) -> dict:
         vocab.append(torch.tensor(slots), tokens, valid)
         vocab.refresh(torch.tensor(slots))
         live = vocab.head.ids[: int(vocab.head.count)].tolist()
-        if len(slots) == batch or batch == 1:  # full waves only: the batch the row says
+        if len(slots) == batch and not prefill:  # full decode steps of this batch size
             union.append(len(live))
             entered.append(len(set(live) - before))
             steps += 1
@@ -137,6 +143,7 @@ def main() -> int:
     rec.add_argument("--max-new-tokens", type=int, default=32)
     rec.add_argument("--concurrency", type=int, default=4)
     rec.add_argument("--start-timeout", type=int, default=1200, help="seconds")
+    rec.add_argument("--budget-s", type=int, default=600, help="stop recording after this")
     rec.add_argument("--streams", type=Path, default=DEFAULT_STREAMS)
     rep = commands.add_parser("replay", help="replay recorded streams at several batch sizes")
     rep.add_argument("--streams", type=Path, default=DEFAULT_STREAMS)
@@ -154,7 +161,8 @@ def main() -> int:
         parser.error(f"--streams: no recording at {args.streams} (run `record` first)")
     streams = load_streams(args.streams)
     print(f"command: {' '.join(sys.argv)}")
-    print(f"{len(streams)} recorded requests, {sum(len(s) - 1 for s in streams)} decode steps")
+    print(f"{len(streams)} recorded requests, {sum(len(s) - 1 for s in streams)} decode steps;"
+          f" head d={args.hidden}, V={args.vocab}, {8 * args.dtype_bytes}-bit, W_max={args.w_max}")  # fmt: skip
     header = (
         f"{'batch':>5}{'steps':>7}{'union':>8}{'max':>8}{'cap':>8}{'packed MB':>11}"
         f"{'full MB':>9}{'full/packed':>12}{'gather MB':>11}{'state MB':>10}{'not adm.':>10}"
