@@ -31,8 +31,9 @@ class PackedLogitsMethod:
     vocab: DynamicVocab
 
     def apply(self, layer: PackedWeight, hidden: Tensor, bias: Tensor | None = None) -> Tensor:
-        logits = self.vocab.packed_logits(hidden, layer.weight)
-        return logits if bias is None else logits + bias[: logits.shape[1]]
+        if bias is not None:  # no draft head SGLang loads has one
+            raise NotImplementedError("nanospec: a draft LM head with a bias is not supported")
+        return self.vocab.packed_logits(hidden, layer.weight)
 
 
 @dataclass
