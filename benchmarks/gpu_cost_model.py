@@ -91,7 +91,7 @@ def replay(streams, batch: int, args: argparse.Namespace) -> dict:
     row_bytes = args.hidden * args.dtype_bytes
     queue = [streams[i % len(streams)] for i in range(max(batch, len(streams)))]
     running: dict[int, list[list[int]]] = {}  # slot -> remaining appends
-    union, entered, steps = [], [], 0
+    union, entered, summed, steps = [], [], [], 0
     while queue or running:
         prefill = False  # a step that admits a request is a prefill: not a decode step
         for slot in range(1, batch + 1):
@@ -114,6 +114,7 @@ def replay(streams, batch: int, args: argparse.Namespace) -> dict:
         if len(slots) == batch and not prefill:  # full decode steps of this batch size
             union.append(len(live))
             entered.append(len(set(live) - before))
+            summed.append(int(vocab.active_size(torch.tensor(slots)).sum()))
             steps += 1
         for s in [s for s in slots if not running[s]]:
             del running[s]
@@ -125,6 +126,8 @@ def replay(streams, batch: int, args: argparse.Namespace) -> dict:
         "steps": steps,
         "union_mean": statistics.fmean(union),
         "union_max": max(union),
+        "sum_sets": statistics.fmean(summed),
+        "distinct": min(batch, len(streams)),
         "capacity": capacity,
         "packed_read_mb": statistics.fmean(union) * row_bytes / 2**20,
         "full_read_mb": vocab_size * row_bytes / 2**20,
@@ -164,18 +167,25 @@ def main() -> int:
     print(f"{len(streams)} recorded requests, {sum(len(s) - 1 for s in streams)} decode steps;"
           f" head d={args.hidden}, V={args.vocab}, {8 * args.dtype_bytes}-bit, W_max={args.w_max}")  # fmt: skip
     header = (
-        f"{'batch':>5}{'steps':>7}{'union':>8}{'max':>8}{'cap':>8}{'packed MB':>11}"
-        f"{'full MB':>9}{'full/packed':>12}{'gather MB':>11}{'state MB':>10}{'not adm.':>10}"
+        f"{'batch':>5}{'distinct':>9}{'steps':>6}{'union':>7}{'max':>6}{'sum|I|':>8}{'cap':>7}"
+        f"{'packed MB':>10}{'full MB':>9}{'full/packed':>12}{'gather MB':>10}{'state MB':>9}"
+        f"{'not adm.':>9}"
     )
     print(header)
     for batch in args.batches:
         r = replay(streams, batch, args)
         print(
-            f"{r['batch']:>5}{r['steps']:>7}{r['union_mean']:>8.0f}{r['union_max']:>8}"
-            f"{r['capacity']:>8}{r['packed_read_mb']:>11.1f}{r['full_read_mb']:>9.1f}"
-            f"{r['full_read_mb'] / r['packed_read_mb']:>11.1f}x{r['gather_mb']:>11.2f}"
-            f"{r['state_mb']:>10.1f}{r['not_admitted']:>10}"
+            f"{r['batch']:>5}{r['distinct']:>9}{r['steps']:>6}{r['union_mean']:>7.0f}"
+            f"{r['union_max']:>6}{r['sum_sets']:>8.0f}{r['capacity']:>7}"
+            f"{r['packed_read_mb']:>10.1f}{r['full_read_mb']:>9.1f}"
+            f"{r['full_read_mb'] / r['packed_read_mb']:>11.1f}x{r['gather_mb']:>10.2f}"
+            f"{r['state_mb']:>9.1f}{r['not_admitted']:>9}"
         )
+    print(
+        "union: rows the packed head reads (mean per decode step); sum|I|: the sum of the "
+        "requests' own sets (what per-request buffers would read; min(V, sum|I|) bounds the "
+        "union from above where streams repeat, distinct < batch)"
+    )
     return 0
 
 
