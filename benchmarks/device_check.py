@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests/vocab")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests/vocab"), str(ROOT / "tests/ops")]
 
 # (name, vocab size, hidden size) of draft heads: EAGLE heads share the target's LM head.
 SHAPES = [("llama3-8b", 128256, 4096), ("qwen2.5-7b", 152064, 3584)]
@@ -69,8 +69,11 @@ def run_correctness(quick: bool) -> int:
         f"[1] kernel and vocabulary tests on CUDA: {'ok' if pytest.returncode == 0 else 'FAILED'}"
     )
     import cuda_path_check
+    import window_refresh_check
 
     try:
+        window_refresh_check.run("cuda", range(10 if quick else 40))
+        print("[1] fused window refresh vs its torch reference: ok")
         cuda_path_check.run("cuda", range(4 if quick else 12))
         print("[1] fixed-shape CUDA path vs torch reference: ok")
         return int(pytest.returncode != 0)
