@@ -28,13 +28,14 @@ struct Union {
   int64_t weight_stride;
   int64_t row_bytes;
   int64_t capacity;
-  int64_t overflow = 0;  // new tokens that found no row: max_batch was too small
-  // Tokens whose reference count touched 0 during this call; settled at the end so a
-  // token that leaves one request and enters another keeps its row.
+  int64_t overflow = 0;  // distinct new tokens that found no row (buffer full): not admitted
+  // Tokens whose reference count touched 0 during this call, or that hold no row (refused
+  // one earlier: they retry); settled at the end so a token that leaves one request and
+  // enters another keeps its row.
   std::vector<int64_t> maybe_gone, maybe_new;
 
   void add_ref(int64_t token) {
-    if (ref[token]++ == 0) maybe_new.push_back(token);
+    if (ref[token]++ == 0 || row_of[token] < 0) maybe_new.push_back(token);
   }
   void drop_ref(int64_t token) {
     if (--ref[token] == 0) maybe_gone.push_back(token);
@@ -59,10 +60,12 @@ struct Union {
     std::sort(holes.begin(), holes.end());  // new tokens take the lowest holes
     int64_t next_row = *count;
     size_t next_hole = 0;
+    constexpr int64_t kRefused = -2;  // refused this call: counted once however often listed
     for (int64_t token : maybe_new) {
-      if (ref[token] > 0 && row_of[token] < 0) {
+      if (ref[token] > 0 && row_of[token] == -1) {
         if (next_hole == holes.size() && next_row == capacity) {
-          ++overflow;  // never write past the buffer; the caller raises
+          ++overflow;  // never write past the buffer: the token stays out of the head
+          row_of[token] = kRefused;
           continue;
         }
         const int64_t row = next_hole < holes.size() ? holes[next_hole++] : next_row++;
@@ -79,6 +82,9 @@ struct Union {
       ids[source--] = -1;
     }
     *count = new_count;
+    for (int64_t token : maybe_new) {
+      if (row_of[token] == kRefused) row_of[token] = -1;
+    }
     maybe_gone.clear();
     maybe_new.clear();
   }
@@ -122,7 +128,7 @@ int64_t nanospec_append(int64_t batch, int64_t cols, const int64_t* slots, const
 
 // Bring members/in_set of `slots` to their windows of `w_max` positions (or, if `release`,
 // empty them) and apply the changes to the union head (of `capacity` rows). Returns how
-// many tokens did not fit in the union buffer (0 unless max_batch was exceeded).
+// many distinct new tokens found no row in the union buffer (not admitted).
 int64_t nanospec_refresh(int64_t batch, const int64_t* slots, int64_t w_max, int64_t w_cap,
                          int64_t vocab_size, bool release, const int64_t* ring,
                          const int64_t* length, const int32_t* last_pos, int64_t* members,

@@ -49,6 +49,11 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         "--nanospec-stats-history", type=int, default=DEFAULT_HISTORY,
         help=f"finished requests /stats/vocab keeps per DP rank (default {DEFAULT_HISTORY})",
     )  # fmt: skip
+    nanospec.add_argument(
+        "--nanospec-union-capacity", type=int, default=None,
+        help="rows of the packed draft LM head shared by running requests; a step whose "
+        "union exceeds it drafts without the tokens left out (default: 8 x W_cap + EOS)",
+    )  # fmt: skip
 
 
 def _add_token_map_command(commands: argparse._SubParsersAction) -> None:
@@ -96,6 +101,7 @@ def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             w_cap=args.nanospec_w_cap or args.nanospec_w_max,
             k_pre=args.nanospec_k_pre,
             k_ver=args.nanospec_k_ver,
+            union_capacity=args.nanospec_union_capacity,
         )
     except ValidationError as error:
         problems = "; ".join(

@@ -40,6 +40,9 @@ class NanoSpecConfig(BaseModel):
     w_cap: int = Field(3072, ge=1, description="capacity fixed at allocation; bounds live W_max")
     k_pre: int = Field(3, ge=0, le=64, description="target top-k per prompt position")
     k_ver: int = Field(3, ge=0, le=64, description="target top-k per accepted verify position")
+    union_capacity: int | None = Field(
+        None, ge=1, description="rows of the packed draft head (default: 8 full windows)"
+    )
 
     @model_validator(mode="after")
     def _w_max_fits(self) -> NanoSpecConfig:

@@ -9,15 +9,20 @@ the C++ loops of ``kernels/vocab_cpu.cpp`` where they apply, else the reference.
 from torch import Tensor
 
 from nanospec_server.ops import reference
-from nanospec_server.ops.backend import cpu_ops, cuda_ops, triton_ops
+from nanospec_server.ops.backend import cpu_ops, cuda_ops, triton_interpreting, triton_ops
+
+
+def _triton_for(tensor: Tensor):
+    """Triton serves CUDA tensors, and CPU ones under TRITON_INTERPRET=1, where tests run
+    the CUDA path's kernels on the CPU."""
+    return triton_ops() if tensor.is_cuda or triton_interpreting() else None
 
 
 def scatter_rows(dst: Tensor, dst_rows: Tensor, src: Tensor, src_rows: Tensor) -> None:
-    if dst.is_cuda:
-        if (ext := cuda_ops()) is not None:
-            return ext.scatter_rows(dst, dst_rows, src, src_rows)
-        if (tri := triton_ops()) is not None:
-            return tri.scatter_rows(dst, dst_rows, src, src_rows)
+    if dst.is_cuda and (ext := cuda_ops()) is not None:
+        return ext.scatter_rows(dst, dst_rows, src, src_rows)
+    if (tri := _triton_for(dst)) is not None:
+        return tri.scatter_rows(dst, dst_rows, src, src_rows)
     reference.scatter_rows(dst, dst_rows, src, src_rows)
 
 
@@ -31,24 +36,34 @@ def window_append(
     in_ring: Tensor,
 ) -> None:
     args = (ring, last_pos, slots, tokens, positions, valid, in_ring)
-    if ring.is_cuda:
-        if (ext := cuda_ops()) is not None:
-            return ext.window_append(*args)
-        if (tri := triton_ops()) is not None:
-            return tri.window_append(*args)
+    if ring.is_cuda and (ext := cuda_ops()) is not None:
+        return ext.window_append(*args)
+    if (tri := _triton_for(ring)) is not None:
+        return tri.window_append(*args)
     reference.window_append(*args)
 
 
 def packed_logits(hidden: Tensor, rows: Tensor, count: Tensor) -> Tensor:
     """float32 logits of ``hidden`` [N, d] against ``rows[:count]``, -inf past ``count``."""
-    if rows.is_cuda and (tri := triton_ops()) is not None:
+    if (tri := _triton_for(rows)) is not None:
         return tri.packed_logits(hidden, rows, count)
     return reference.packed_logits(hidden, rows, count)
 
 
 def packed_logits_reads_live_rows_only(rows: Tensor) -> bool:
     """Whether ``packed_logits`` skips the rows past ``count`` (else it reads all of them)."""
-    return rows.is_cuda and triton_ops() is not None
+    return _triton_for(rows) is not None
+
+
+def window_refresh(
+    ring: Tensor, length: Tensor, last_pos: Tensor, members: Tensor, in_set: Tensor,
+    slots: Tensor, w_max: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:  # fmt: skip
+    """WindowState.refresh fused in one kernel where Triton runs (its torch code is the
+    reference); None elsewhere."""
+    if (tri := _triton_for(ring)) is None:
+        return None
+    return tri.window_refresh(ring, length, last_pos, members, in_set, slots, w_max)
 
 
 def cpu_vocab_kernels(window, head):
@@ -64,5 +79,6 @@ __all__ = [
     "window_append",
     "packed_logits",
     "packed_logits_reads_live_rows_only",
+    "window_refresh",
     "cpu_vocab_kernels",
 ]

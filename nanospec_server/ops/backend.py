@@ -27,6 +27,10 @@ def cuda_ops() -> ModuleType | None:
         return None
 
 
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 @functools.cache
 def triton_ops() -> ModuleType | None:
     if _forced() not in (None, "triton"):

@@ -85,13 +85,9 @@ class CpuVocabKernels:
         if invalid:
             raise IndexError(f"{invalid} appended token ids are outside [0, vocab_size)")
 
-    def refresh(self, slots: Tensor, w_max: int, release: bool = False) -> None:
-        overflow = self.lib.nanospec_refresh(
+    def refresh(self, slots: Tensor, w_max: int, release: bool = False) -> int:
+        """Returns how many new tokens found no row in the union buffer (not admitted)."""
+        return self.lib.nanospec_refresh(
             _int(len(slots)), _ptr(slots), _int(w_max), *self.sizes, ctypes.c_bool(release),
             *self.refresh_state,
         )  # fmt: skip
-        if overflow:
-            raise RuntimeError(
-                f"union LM-head buffer full ({overflow} tokens left out): "
-                "more requests hold windows than max_batch"
-            )

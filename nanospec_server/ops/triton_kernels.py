@@ -102,7 +102,7 @@ def window_append(
 
 @triton.jit
 def _packed_logits_kernel(
-    hidden, rows, count, out, n_rows, hidden_size, stride_h, stride_r, stride_o,
+    hidden, rows, count, out, n_rows, n_cols, hidden_size, stride_h, stride_r, stride_o,
     BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -120,7 +120,7 @@ def _packed_logits_kernel(
             w = tl.load(rows + r[:, None] * stride_r + d[None, :], mask=w_mask, other=0.0)
             acc += tl.dot(h, tl.trans(w))
         acc = tl.where(r[None, :] < live, acc, float("-inf"))
-    mask = (n[:, None] < n_rows) & (r[None, :] < tl.num_programs(0) * BLOCK_R)
+    mask = (n[:, None] < n_rows) & (r[None, :] < n_cols)
     tl.store(out + n[:, None] * stride_o + r[None, :], acc, mask=mask)
 
 
@@ -131,11 +131,95 @@ def packed_logits(hidden: Tensor, rows: Tensor, count: Tensor) -> Tensor:
     hidden = hidden.to(rows.dtype).contiguous()
     block_r, block_d = 64, 64
     block_n = max(16, min(64, triton.next_power_of_2(n_rows)))
-    padded = triton.cdiv(capacity, block_r) * block_r
-    out = torch.empty(n_rows, padded, dtype=torch.float32, device=rows.device)
+    out = torch.empty(n_rows, capacity, dtype=torch.float32, device=rows.device)
     grid = (triton.cdiv(capacity, block_r), triton.cdiv(n_rows, block_n))
     _packed_logits_kernel[grid](
-        hidden, rows, count, out, n_rows, hidden_size, hidden.stride(0), rows.stride(0),
-        out.stride(0), BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_D=block_d,
+        hidden, rows, count, out, n_rows, capacity, hidden_size, hidden.stride(0),
+        rows.stride(0), out.stride(0), BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_D=block_d,
     )  # fmt: skip
-    return out[:, :capacity]
+    return out
+
+
+@triton.jit
+def _window_refresh_kernel(
+    ring, length, last_pos, members, in_set, slots, free_list,
+    enter_tokens, enter, leave_tokens, leave,
+    w_max, w_cap, ring_stride, vocab_stride, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program per slot: WindowState.refresh (leave, free list, enter) in three passes
+    over the slot's W_cap table entries and ring columns."""
+    b = tl.program_id(0)
+    slot = tl.load(slots + b)
+    end = tl.load(length + slot)
+    start = tl.maximum(end - w_max, 0)
+    state = slot * ring_stride  # members and ring share the [S, W_cap + 1] layout
+    lp_row = last_pos + slot * vocab_stride
+    in_row = in_set + slot * vocab_stride
+    out = b * w_cap
+    # Leave: members whose latest occurrence fell out of the window.
+    for first in range(0, w_cap, BLOCK):
+        j = first + tl.arange(0, BLOCK)
+        inside = j < w_cap
+        token = tl.load(members + state + j, mask=inside, other=-1)
+        held = token >= 0
+        safe = tl.where(held, token, 0)
+        latest = tl.load(lp_row + safe, mask=held, other=0)
+        gone = held & (latest < start)
+        tl.store(leave_tokens + out + j, safe, mask=inside)
+        tl.store(leave + out + j, gone.to(tl.int8), mask=inside)
+        tl.store(in_row + safe, tl.zeros_like(safe).to(tl.int8), mask=gone)
+        tl.store(members + state + j, tl.full([BLOCK], -1, tl.int64), mask=gone)
+    tl.debug_barrier()
+    # The free table entries, in order.
+    free_seen = 0
+    for first in range(0, w_cap, BLOCK):
+        j = first + tl.arange(0, BLOCK)
+        inside = j < w_cap
+        free = inside & (tl.load(members + state + j, mask=inside, other=0) < 0)
+        rank = free_seen + tl.cumsum(free.to(tl.int32), 0) - 1
+        tl.store(free_list + out + rank, j.to(tl.int64), mask=free)
+        free_seen += tl.sum(free.to(tl.int32), 0)
+    tl.debug_barrier()
+    # Enter: distinct window tokens (each counted at its latest position) not yet members;
+    # the k-th takes the k-th free entry.
+    entered = 0
+    for first in range(0, w_cap, BLOCK):
+        c = first + tl.arange(0, BLOCK)
+        inside = c < w_cap
+        back = ((end - 1 - c) % w_cap + w_cap) % w_cap  # floor modulo, as in torch
+        position = end - 1 - back
+        token = tl.load(ring + state + c, mask=inside, other=0)
+        latest = tl.load(lp_row + token, mask=inside, other=-2)
+        member = tl.load(in_row + token, mask=inside, other=1) != 0
+        new = inside & (position >= start) & (latest == position) & ~member
+        rank = entered + tl.cumsum(new.to(tl.int32), 0) - 1
+        entry = tl.load(free_list + out + rank, mask=new, other=0)
+        tl.store(members + state + entry, token, mask=new)
+        tl.store(in_row + token, tl.full([BLOCK], 1, tl.int8), mask=new)
+        tl.store(enter_tokens + out + c, token, mask=inside)
+        tl.store(enter + out + c, new.to(tl.int8), mask=inside)
+        entered += tl.sum(new.to(tl.int32), 0)
+
+
+def window_refresh(
+    ring: Tensor, length: Tensor, last_pos: Tensor, members: Tensor, in_set: Tensor,
+    slots: Tensor, w_max: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """WindowState.refresh in one launch: updates ``members``/``in_set`` of ``slots`` and
+    returns the diff (enter_tokens, enter, leave_tokens, leave), each [B, W_cap]."""
+    assert ring.is_contiguous() and members.is_contiguous() and in_set.is_contiguous()
+    batch, w_cap = len(slots), ring.shape[1] - 1
+    device = ring.device
+    enter_tokens = torch.empty(batch, w_cap, dtype=torch.int64, device=device)
+    leave_tokens = torch.empty(batch, w_cap, dtype=torch.int64, device=device)
+    enter = torch.empty(batch, w_cap, dtype=torch.int8, device=device)
+    leave = torch.empty(batch, w_cap, dtype=torch.int8, device=device)
+    free_list = torch.empty(batch, w_cap, dtype=torch.int64, device=device)
+    if batch:
+        _window_refresh_kernel[(batch,)](
+            ring, length, last_pos, members, in_set.view(torch.int8), slots.contiguous(),
+            free_list, enter_tokens, enter, leave_tokens, leave,
+            w_max, w_cap, ring.shape[1], last_pos.shape[1],
+            BLOCK=min(1024, triton.next_power_of_2(max(w_cap, 16))),
+        )  # fmt: skip
+    return enter_tokens, enter.bool(), leave_tokens, leave.bool()

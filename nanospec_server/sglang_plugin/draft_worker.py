@@ -20,6 +20,7 @@ from nanospec_server.sglang_plugin.packed_head import PackedHeadLogitsProcessor
 from nanospec_server.sglang_plugin.request_stats import RequestStats
 from nanospec_server.sglang_plugin.runtime import NanoSpecRuntime
 from nanospec_server.vocab import DynamicVocab
+from nanospec_server.vocab.slot_pool import SlotPool
 
 logger = logging.getLogger(__name__)
 
@@ -66,22 +67,18 @@ def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
     num_slots = worker.req_to_token_pool.req_to_token.shape[0]
     device = target_runner.model.lm_head.weight.device
     stats = RequestStats(num_slots, vocab_size, device)
-    vocab = None
+    vocab, slot_pool = None, None
     if config.mode.is_dynamic:
         _check_supported(worker, config)
-        eos = sorted(target_runner.model_config.hf_eos_token_id or ())
-        vocab = DynamicVocab(
-            worker.draft_runner.model.lm_head.weight.data,
-            num_slots=num_slots,
-            w_cap=config.w_cap,
-            w_max=config.w_max,
-            always_active=eos,
-            overlap=config.mode != Mode.SYNC,
-        )
+        vocab, slot_pool = build_vocab(worker, config)
+        memory = vocab.memory_report()
         logger.info(
-            "nanospec: %s mode, W_max=%d (cap %d), K_pre=%d, K_ver=%d, %d slots, %.1f MiB",
+            "nanospec: %s mode, W_max=%d (cap %d), K_pre=%d, K_ver=%d; device memory "
+            "%.1f MiB: %d window slots x %.2f MiB + union head of %d rows %.1f MiB",
             config.mode.value, config.w_max, config.w_cap, config.k_pre, config.k_ver,
-            num_slots, vocab.nbytes() / 2**20,
+            memory["total_bytes"] / 2**20, memory["slots"],
+            memory["window_bytes_per_slot"] / 2**20, memory["union_capacity"],
+            memory["union_bytes"] / 2**20,
         )  # fmt: skip
     elif config.mode == Mode.STATIC and worker.hot_token_id is None:
         raise ValueError("--nanospec-mode static needs --speculative-token-map (FR-Spec list)")
@@ -91,10 +88,40 @@ def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
         target_head=target_runner.model.lm_head.weight.data,
         stats=stats,
         vocab=vocab,
+        slot_pool=slot_pool,
         static_ids=worker.hot_token_id if config.mode == Mode.STATIC else None,
     )
     runtime.update_settings()  # publish K_ver to the verify hook
     return runtime
+
+
+def build_vocab(worker: EagleDraftWorker, config: NanoSpecConfig) -> tuple[DynamicVocab, SlotPool]:
+    """The vocabulary sized to the requests that can run at once, not to the request pool.
+
+    SGLang's request pool can hold thousands of entries on a GPU; only
+    ``max_running_requests`` of them run, so the O(V) window state has that many slots
+    (plus padding slot 0) and a device map sends pool entries to them.
+    """
+    target_runner = worker.target_worker.model_runner
+    max_running = max(int(target_runner.max_running_requests), 1)
+    weight = worker.draft_runner.model.lm_head.weight.data
+    vocab_size = weight.shape[0]
+    eos = sorted(target_runner.model_config.hf_eos_token_id or ())
+    capacity = config.union_capacity
+    if capacity is not None:  # the CLI cannot know V: clamp to what the head can hold
+        capacity = max(min(capacity, vocab_size), len(eos))
+    vocab = DynamicVocab(
+        weight,
+        num_slots=max_running + 1,
+        w_cap=config.w_cap,
+        w_max=config.w_max,
+        always_active=eos,
+        max_batch=max_running,
+        overlap=config.mode != Mode.SYNC,
+        union_capacity=capacity,
+    )
+    pool_size = worker.req_to_token_pool.req_to_token.shape[0]
+    return vocab, SlotPool(pool_size, max_running + 1, vocab.device)
 
 
 def _check_supported(worker: EagleDraftWorker, config: NanoSpecConfig) -> None:

@@ -21,16 +21,22 @@ from torch import Tensor
 
 from nanospec_server.config import Mode, NanoSpecConfig
 from nanospec_server.sglang_plugin.request_stats import RequestStats
+from nanospec_server.sglang_plugin.stream_recorder import StreamRecorder
 from nanospec_server.sglang_plugin.verify_capture import LAST_VERIFY, VerifyCandidates
 from nanospec_server.vocab import DynamicVocab, topk_tokens_in_chunks
+from nanospec_server.vocab.slot_pool import SlotPool
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class SlotOwner:
-    rid: str
+    req: object  # SGLang's Req: its rid, whether it finished, which pool entry it holds
     prompt_tokens_appended: int = 0
+
+    @property
+    def rid(self) -> str:
+        return self.req.rid
 
 
 @dataclass
@@ -40,10 +46,14 @@ class NanoSpecRuntime:
     target_head: Tensor  # [V, d] the target's LM head, for top-K_pre
     stats: RequestStats
     vocab: DynamicVocab | None  # None in the full and static modes
+    # Request-pool index -> vocabulary slot (the vocabulary holds running requests only).
+    slot_pool: SlotPool | None = None
     static_ids: Tensor | None = None  # FR-Spec's hot token ids (static mode)
-    owners: dict[int, SlotOwner] = field(default_factory=dict)
+    owners: dict[int, SlotOwner] = field(default_factory=dict)  # by request-pool index
+    requests_without_slot: int = 0  # admitted when every vocabulary slot was taken
     # The output streamer may see a finished request after SGLang released its slot.
     slot_of_rid: dict[str, int] = field(default_factory=dict)
+    recorder: StreamRecorder | None = field(default_factory=StreamRecorder.from_env)
 
     @property
     def mode(self) -> Mode:
@@ -61,10 +71,11 @@ class NanoSpecRuntime:
     def on_prefill(self, batch, target_hidden: Tensor | None) -> None:
         if not batch.reqs:
             return
-        slots = batch.req_pool_indices.to(torch.int64)
-        self._claim_slots(batch.reqs, slots)
+        pool_slots = batch.req_pool_indices.to(torch.int64)
+        self._claim_slots(batch.reqs, pool_slots)
         if self.vocab is None or self.mode == Mode.EXT_ONLY:
             return
+        slots = self.vocab_slots(pool_slots)
         prompt_rows = []
         for req, prefix_len, extend_len in zip(
             batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True
@@ -73,29 +84,53 @@ class NanoSpecRuntime:
             end = prefix_len + extend_len
             prompt_rows.append(_fill_ids(req)[owner.prompt_tokens_appended : end])
             owner.prompt_tokens_appended = end
-        self.vocab.append(slots, *_padded(prompt_rows, slots.device))
+        rids = [req.rid for req in batch.reqs]
+        self._append(slots, *_padded(prompt_rows, slots.device), rids, "prefill")
         if target_hidden is not None and self.config.k_pre > 0:
             top = topk_tokens_in_chunks(target_hidden, self.target_head, self.config.k_pre)
-            self.vocab.append(slots, *_per_request_rows(top, batch.extend_lens))
+            self._append(slots, *_per_request_rows(top, batch.extend_lens), rids, "prefill")
         self.vocab.refresh(slots)
 
-    def _claim_slots(self, reqs, slots: Tensor) -> None:
-        """Reset the slots that a new request took over (slots are reused)."""
-        fresh = []
+    def _claim_slots(self, reqs, pool_slots: Tensor) -> None:
+        """Reset the slots that a new request took over (pool entries are reused), and
+        give each new request a vocabulary slot."""
+        fresh, fresh_vocab = [], []
         for req in reqs:
             slot = req.kv.req_pool_idx
             owner = self.owners.get(slot)
             if owner is None or owner.rid != req.rid:
                 if owner is not None:
                     self.slot_of_rid.pop(owner.rid, None)
-                self.owners[slot] = SlotOwner(req.rid)
+                    self._release_vocab_slot(slot)
+                self.owners[slot] = SlotOwner(req)
                 self.slot_of_rid[req.rid] = slot
                 fresh.append(slot)
+                if self.slot_pool is not None:
+                    fresh_vocab.append(self._claim_vocab_slot(slot))
         if fresh:
-            fresh_slots = torch.tensor(fresh, dtype=torch.int64, device=slots.device)
+            fresh_slots = torch.tensor(fresh, dtype=torch.int64, device=pool_slots.device)
             self.stats.reset(fresh_slots)
-            if self.vocab is not None:
-                self.vocab.reset(fresh_slots)
+        if self.vocab is not None and any(fresh_vocab):
+            self.vocab.reset(torch.tensor([s for s in fresh_vocab if s], device=pool_slots.device))
+
+    def _claim_vocab_slot(self, pool_index: int) -> int:
+        slot = self.slot_pool.claim(pool_index)
+        if slot == 0:  # every slot taken: reclaim those of requests that left the pool
+            for index, owner in list(self.owners.items()):
+                if owner.req.finished() or owner.req.kv.req_pool_idx != index:
+                    self._release_vocab_slot(index)
+            slot = self.slot_pool.claim(pool_index)
+        if slot == 0:  # still none: this request drafts from the always-active tokens only
+            self.requests_without_slot += 1
+        return slot
+
+    def _release_vocab_slot(self, pool_index: int) -> None:
+        if self.slot_pool is not None and (slot := self.slot_pool.release(pool_index)):
+            self.vocab.reset(torch.tensor([slot], device=self.slot_pool.table.device))
+
+    def vocab_slots(self, pool_slots: Tensor) -> Tensor:
+        """Vocabulary slots of these request-pool entries (device lookup, graph-safe)."""
+        return self.slot_pool.lookup(pool_slots) if self.slot_pool is not None else pool_slots
 
     # -- verify -------------------------------------------------------------------------
 
@@ -103,24 +138,30 @@ class NanoSpecRuntime:
         candidates = LAST_VERIFY.take()
         if not batch.reqs:
             return
-        slots = batch.req_pool_indices.to(torch.int64)
+        pool_slots = batch.req_pool_indices.to(torch.int64)
+        slots = self.vocab_slots(pool_slots)
         accept_lens = batch_result.accept_lens.to(torch.int64)
         emitted = batch_result.next_token_ids.view(len(slots), -1).to(torch.int64)
         emitted_valid = torch.arange(emitted.shape[1], device=slots.device) < accept_lens[:, None]
         covered = (self._in_draft_vocab(slots, emitted) & emitted_valid).sum(1)
-        self.stats.record_verify(slots, accept_lens, covered, self._active_size(slots))
+        self.stats.record_verify(pool_slots, accept_lens, covered, self._active_size(slots))
         if candidates is not None and self._appends_while_decoding():
-            self._append_step(slots, candidates)
+            self._append_step(slots, candidates, [req.rid for req in batch.reqs])
             self.vocab.refresh(slots)
 
-    def _append_step(self, slots: Tensor, candidates: VerifyCandidates) -> None:
+    def _append_step(self, slots: Tensor, candidates: VerifyCandidates, rids: list[str]) -> None:
         # Order within a step (it decides eviction): the draft tree, root first, then the
         # verify top-K_ver position by position, rank by rank. Later entries live longer.
         top = candidates.top_tokens.flatten(1)
         tokens = torch.cat([candidates.tree_tokens.to(torch.int64), top], dim=1)
         tree_valid = torch.ones_like(candidates.tree_tokens, dtype=torch.bool)
         valid = torch.cat([tree_valid, candidates.top_valid.flatten(1)], dim=1)
+        self._append(slots, tokens, valid, rids, "step")
+
+    def _append(self, slots: Tensor, tokens: Tensor, valid: Tensor, rids: list[str], kind: str):
         self.vocab.append(slots, tokens, valid)
+        if self.recorder is not None:
+            self.recorder.record(rids, kind, tokens, valid)
 
     def _appends_while_decoding(self) -> bool:
         return self.vocab is not None and self.mode != Mode.CTX_ONLY
@@ -146,6 +187,7 @@ class NanoSpecRuntime:
         slots = [self.slot_of_rid.get(req.rid, 0) for req in reqs]
         index = torch.tensor(slots, dtype=torch.int64, device=self.stats.counters.device)
         if self.vocab is not None:
+            index = torch.tensor([self.slot_pool.slot_of(s) for s in slots], device=index.device)
             active = self.vocab.active_size(index).tolist()
             length = self.vocab.stream_length(index).tolist()
         else:
@@ -163,8 +205,20 @@ class NanoSpecRuntime:
             "config": self.config.model_dump(mode="json"),
             "vocab_size": self.vocab_size,
             "state_bytes": self.vocab.nbytes() if self.vocab is not None else 0,
+            "memory": self.memory_report(),
             "finished_requests": dict(self.stats.finished),
         }
+
+    def memory_report(self) -> dict:
+        """NanoSpec's device bytes and how a full union buffer degraded drafting (for
+        /stats/vocab; reads two device counters)."""
+        if self.vocab is None:
+            return {"total_bytes": 0}
+        report = self.vocab.memory_report() | self.vocab.overflow_stats()
+        report["slot_map_bytes"] = self.slot_pool.table.numel() * 8 if self.slot_pool else 0
+        report["total_bytes"] += report["slot_map_bytes"]
+        report["requests_without_slot"] = self.requests_without_slot
+        return report
 
 
 def _fill_ids(req) -> list[int]:

@@ -18,6 +18,9 @@ from nanospec_server import ops
 from nanospec_server.vocab.union_head import UnionHead
 from nanospec_server.vocab.window import WindowState
 
+# Full windows the default union buffer holds (see default_union_capacity).
+UNION_WINDOWS = 8
+
 
 class DynamicVocab:
     def __init__(
@@ -31,9 +34,14 @@ class DynamicVocab:
         device: torch.device | str | None = None,
         static_shapes: bool | None = None,
         overlap: bool = True,
+        union_capacity: int | None = None,
     ):
-        """``max_batch``: most requests holding a window at once (default: every slot but
-        the padding slot 0); it sizes the union buffer to min(V, max_batch * w_cap + pinned).
+        """``num_slots``: window states, slot 0 being padding (appends to it are dropped):
+        size it to the most requests running at once, plus one.
+        ``union_capacity``: rows of the packed head (default ``default_union_capacity``
+        from ``max_batch``, itself defaulting to every slot but 0). A step whose union
+        would exceed it stays correct: the new tokens that find no row are not drafted
+        and are counted (``overflow_stats``).
         ``static_shapes`` (default: on CUDA) keeps every shape fixed for CUDA graphs.
         ``overlap=False`` runs the CUDA gather on the compute stream (the paper's `sync`
         ablation); on CPU there is nothing to overlap.
@@ -46,7 +54,14 @@ class DynamicVocab:
         self.set_w_max(w_max)
         max_batch = max_batch if max_batch is not None else max(num_slots - 1, 1)
         self.window = WindowState(vocab_size, w_cap, num_slots, self.device)
-        capacity = self.union_capacity(vocab_size, w_cap, max_batch, len(self.always_active))
+        num_pinned = len(self.always_active)
+        capacity = union_capacity
+        if capacity is None:
+            capacity = self.default_union_capacity(vocab_size, w_cap, max_batch, num_pinned)
+        if not num_pinned <= capacity <= vocab_size:
+            raise ValueError(
+                f"union_capacity must be in [{num_pinned}, {vocab_size}], got {capacity}"
+            )
         weight = lm_head_weight.detach().to(self.device)
         self.head = UnionHead(weight, capacity, self.always_active, self.device)
         self._rows_read: Tensor | int = 0
@@ -62,8 +77,11 @@ class DynamicVocab:
             self._refreshed = torch.cuda.Event()
 
     @staticmethod
-    def union_capacity(vocab_size: int, w_cap: int, max_batch: int, num_pinned: int) -> int:
-        return min(vocab_size, max_batch * w_cap + num_pinned)
+    def default_union_capacity(vocab_size: int, w_cap: int, max_batch: int, num_pinned: int) -> int:
+        """Rows for the union of ``min(max_batch, UNION_WINDOWS)`` full windows: never
+        full below that batch, and never a second copy of a large head. Beyond it, requests
+        share most tokens (benchmarks/gpu_cost_model.py measures how rarely it fills)."""
+        return min(vocab_size, min(max_batch, UNION_WINDOWS) * w_cap + num_pinned)
 
     # -- per-step path (no host sync on CUDA) -------------------------------------------
 
@@ -71,7 +89,7 @@ class DynamicVocab:
         self._wait_for_refresh()
         slots = slots.to(self.device, torch.int64).contiguous()
         if self._cpu is not None:
-            self._cpu.refresh(slots, self.w_max, release=True)
+            self.head.record_dropped(self._cpu.refresh(slots, self.w_max, release=True))
         else:
             self.head.apply(self.window.release(slots))
         self.window.reset(slots)
@@ -80,10 +98,15 @@ class DynamicVocab:
     def append(self, slots: Tensor, tokens: Tensor, valid: Tensor | None = None) -> None:
         self._wait_for_refresh()
         slots, tokens = slots.to(self.device, torch.int64), tokens.to(self.device)
+        # Slot 0 is padding (and requests that got no slot): its window stays empty.
+        valid = (
+            torch.ones_like(tokens, dtype=torch.bool) if valid is None else _to(valid, self.device)
+        )
+        valid = valid & (slots != 0).unsqueeze(1)
         if self._cpu is not None:
-            self._cpu.append(slots.contiguous(), tokens, _to(valid, self.device))
+            self._cpu.append(slots.contiguous(), tokens, valid)
         else:
-            self.window.append(slots, tokens, _to(valid, self.device))
+            self.window.append(slots, tokens, valid)
 
     def set_w_max(self, w: int) -> None:
         if not 1 <= w <= self.w_cap:
@@ -100,7 +123,7 @@ class DynamicVocab:
         slots = slots.to(self.device, torch.int64).contiguous()
         if self._side_stream is None:
             if self._cpu is not None:
-                self._cpu.refresh(slots, self.w_max)
+                self.head.record_dropped(self._cpu.refresh(slots, self.w_max))
             else:
                 self.head.apply(self.window.refresh(slots, self.w_max))
             torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
@@ -122,9 +145,7 @@ class DynamicVocab:
         # for graphs; the Triton kernel skips the rows past the count on the device.
         rows = head.capacity if self.static_shapes else int(head.count)
         buf, ids = head.buf[:rows], head.ids[:rows]
-        logits = ops.packed_logits(hidden, buf, head.count)
-        live_only = not self.static_shapes or ops.packed_logits_reads_live_rows_only(buf)
-        self._rows_read = head.count.clone() if live_only else rows
+        logits = self.packed_logits(hidden, buf)
         logits = logits.masked_fill(~self._allowed(ids, row_slots), float("-inf"))
         if rows < k:  # fewer rows than k: pad with impossible entries
             logits = torch.nn.functional.pad(logits, (0, k - rows), value=float("-inf"))
@@ -148,10 +169,19 @@ class DynamicVocab:
         rows = min(max(live, min_rows), self.head.capacity)
         return self.head.buf[:rows], self.head.ids[:rows]
 
+    def packed_logits(self, hidden: Tensor, rows: Tensor) -> Tensor:
+        """float32 logits of ``hidden`` [N, d] against ``rows`` (a prefix of the packed
+        buffer, e.g. from ``packed_rows``), -inf past the live count. On CUDA the Triton
+        kernel reads only the rows below the device-side count, so a fixed-shape (graph)
+        caller multiplies the live union, not the capacity."""
+        logits = ops.packed_logits(hidden, rows, self.head.count)
+        live_only = not self.static_shapes or ops.packed_logits_reads_live_rows_only(rows)
+        self._rows_read = self.head.count.clone() if live_only else len(rows)
+        return logits
+
     def mask_logits_(self, logits: Tensor, row_slots: Tensor) -> Tensor:
         """In place: -inf wherever a packed row is not in that logits row's active set."""
         ids = self.head.ids[: logits.shape[1]]
-        self._rows_read = len(ids)  # the caller multiplied every row it was given
         return logits.masked_fill_(~self._allowed(ids, row_slots), float("-inf"))
 
     def _allowed(self, ids: Tensor, row_slots: Tensor) -> Tensor:
@@ -165,8 +195,13 @@ class DynamicVocab:
 
     @property
     def rows_computed(self) -> int:
-        """LM-head rows the last topk read (on CUDA this reads a device value: stats only)."""
+        """LM-head rows the last topk / packed_logits read (on CUDA this reads a device
+        value: stats only; ``rows_read`` keeps it on the device)."""
         return int(self._rows_read)
+
+    @property
+    def rows_read(self) -> Tensor | int:
+        return self._rows_read
 
     def active_size(self, slots: Tensor) -> Tensor:
         """|I| per slot: distinct tokens of the current window, plus always-active ones."""
@@ -192,8 +227,30 @@ class DynamicVocab:
             found |= torch.isin(tokens, torch.tensor(self.always_active, device=self.device))
         return found
 
+    def overflow_stats(self) -> dict[str, int]:
+        """Tokens not admitted to a full union buffer, and refreshes where that happened
+        (reads device counters: for statistics, not the step)."""
+        return {
+            "tokens_not_admitted": int(self.head.dropped),
+            "overflows": int(self.head.overflows),
+        }
+
     def nbytes(self) -> int:
         return self.window.nbytes() + self.head.nbytes()
+
+    def memory_report(self) -> dict[str, int]:
+        """Device bytes by part, and the sizes that determine them."""
+        head = self.head
+        return {
+            "window_bytes": self.window.nbytes(),
+            "window_bytes_per_slot": WindowState.bytes_per_slot(self.vocab_size, self.w_cap),
+            "union_bytes": head.nbytes(),
+            "total_bytes": self.nbytes(),
+            "slots": self.window.num_slots,
+            "union_capacity": head.capacity,
+            "vocab_size": self.vocab_size,
+            "w_cap": self.w_cap,
+        }
 
     @staticmethod
     def state_bytes(
@@ -204,10 +261,13 @@ class DynamicVocab:
         element_size: int = 2,
         max_batch: int | None = None,
         num_pinned: int = 0,
+        union_capacity: int | None = None,
     ) -> int:
         """Device bytes of a DynamicVocab (``element_size``: bytes of the head's dtype)."""
         max_batch = max_batch if max_batch is not None else max(num_slots - 1, 1)
-        capacity = DynamicVocab.union_capacity(vocab_size, w_cap, max_batch, num_pinned)
+        capacity = union_capacity
+        if capacity is None:
+            capacity = DynamicVocab.default_union_capacity(vocab_size, w_cap, max_batch, num_pinned)
         window = num_slots * WindowState.bytes_per_slot(vocab_size, w_cap)
         return window + UnionHead.bytes_for(vocab_size, capacity, hidden, element_size)
 

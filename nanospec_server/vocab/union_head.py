@@ -13,6 +13,13 @@ active set holds v. A refresh applies a batch of window diffs:
 
 So the rows read per step are ``count = |union of I_r| <= min(V, sum_r |I_r|)`` (+ pinned).
 All of it is fixed-shape tensor code: no host sync, capturable in a CUDA graph.
+
+The buffer holds ``capacity`` rows, which may be fewer than a step's union. New tokens
+that find no row are *not admitted*: they keep their reference count but no row, so no
+request can draft them (the target still verifies every token, so output is unchanged);
+``dropped`` counts them and ``overflows`` the refreshes where it happened. A token
+without a row is offered a row again whenever a later diff touches it (it enters or
+leaves another window).
 """
 
 from collections.abc import Sequence
@@ -48,14 +55,17 @@ class UnionHead:
         self.ref[pinned_ids] = 1  # a reference nobody releases: pinned rows never move
         self.buf[rows] = weight[pinned_ids]
         self.count = torch.full((1,), self.num_pinned, dtype=torch.int64, device=device)
+        self.dropped = torch.zeros(1, dtype=torch.int64, device=device)  # tokens not admitted
+        self.overflows = torch.zeros(1, dtype=torch.int64, device=device)  # refreshes that did
 
     @staticmethod
     def bytes_for(vocab_size: int, capacity: int, hidden: int, element_size: int) -> int:
         rows = (capacity + 1) * (hidden * element_size + 8)  # buf, ids
-        return rows + (vocab_size + 1) * (8 + 4 + 8) + 8  # row_of, ref, owner; count
+        return rows + (vocab_size + 1) * (8 + 4 + 8) + 3 * 8  # row_of, ref, owner; counters
 
     def nbytes(self) -> int:
         tensors = (self.buf, self.ids, self.row_of, self.ref, self.owner, self.count)
+        tensors += (self.dropped, self.overflows)
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def _first_of_each_token(self, tokens: Tensor) -> Tensor:
@@ -71,19 +81,21 @@ class UnionHead:
         tokens = torch.cat([diff.enter_tokens.flatten(), diff.leave_tokens.flatten()])
         delta = torch.cat([diff.enter.flatten().int(), -diff.leave.flatten().int()])
         tokens = torch.where(delta != 0, tokens, dump_token)
-        before = self.ref[tokens]
         self.ref.index_add_(0, tokens, delta)
         after = self.ref[tokens]
         first = self._first_of_each_token(tokens) & (tokens != dump_token)
-        gone = first & (before > 0) & (after == 0)
-        new = first & (before == 0) & (after > 0)
+        # Held tokens have a row unless they were refused one (buffer full): those retry.
+        placed = self.row_of[tokens] >= 0
+        gone = first & placed & (after == 0)
+        new = first & ~placed & (after > 0)
 
         # Free the rows of gone tokens.
         gone_rows = torch.where(gone, self.row_of[tokens], dump_row)
         self.ids[gone_rows] = -1
         self.row_of[torch.where(gone, tokens, dump_token)] = -1
         old_count = self.count
-        new_count = old_count - gone.sum() + new.sum()
+        # Past capacity, the last new tokens get the dump row (every hole is filled first).
+        new_count = (old_count - gone.sum() + new.sum()).clamp(max=self.capacity)
 
         # Destinations, in order: holes below the new count, then rows [old, new count).
         n = len(tokens)
@@ -109,8 +121,14 @@ class UnionHead:
         self.ids[move_rows] = moved_ids
         self.row_of[moved_ids] = move_rows
         ops.scatter_rows(self.buf, new_rows, self.weight, tokens.clamp(max=dump_token - 1))
+        admitted = new & (new_rows != dump_row)
         self.ids[new_rows] = torch.where(new, tokens, -1)
-        self.row_of[torch.where(new, tokens, dump_token)] = new_rows
+        self.row_of[torch.where(admitted, tokens, dump_token)] = new_rows
         self.ids[dump_row] = -1
         self.row_of[dump_token] = -1
         self.count.copy_(new_count)
+        self.record_dropped((new & ~admitted).sum())
+
+    def record_dropped(self, tokens: Tensor | int) -> None:
+        self.dropped += tokens
+        self.overflows += torch.as_tensor(tokens, device=self.dropped.device) > 0

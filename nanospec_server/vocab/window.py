@@ -118,7 +118,16 @@ class WindowState:
         return self.last_pos[slots.unsqueeze(1), tokens.to(torch.int64)] >= start
 
     def refresh(self, slots: Tensor, w_max: int) -> WindowDiff:
-        """Bring ``members``/``in_set`` of these slots to their current windows."""
+        """Bring ``members``/``in_set`` of these slots to their current windows.
+
+        On CUDA one Triton kernel does it (``ops.window_refresh``); the torch code below
+        is its reference, and the path elsewhere."""
+        state = (self.ring, self.length, self.last_pos, self.members, self.in_set)
+        if (fused := ops.window_refresh(*state, slots, w_max)) is not None:
+            return WindowDiff(slots, *fused)
+        return self.refresh_reference(slots, w_max)
+
+    def refresh_reference(self, slots: Tensor, w_max: int) -> WindowDiff:
         rows = slots.unsqueeze(1)
         dump = self.w_cap
         # Leave: members whose latest occurrence fell out of the window.

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from vocab_checks import check_contains, check_state, check_topk
+from vocab_checks import check_contains, check_state, check_topk, ops_backend
 from vocab_oracle import NaiveVocab
 
 from nanospec_server.vocab import DynamicVocab
@@ -113,8 +113,33 @@ def test_state_bytes_matches_the_allocation():
     assert vocab.nbytes() == expected
 
 
-def test_more_requests_than_max_batch_is_an_error_not_a_corruption():
-    vocab = DynamicVocab(torch.randn(VOCAB, HIDDEN), 4, w_cap=4, w_max=4, max_batch=1)
-    vocab.append(torch.tensor([1, 2]), torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]))
-    with pytest.raises((RuntimeError, IndexError)):
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_a_full_union_buffer_leaves_new_tokens_out_and_counts_them(backend):
+    with ops_backend(backend):
+        weight = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(1))
+        vocab = DynamicVocab(weight, 4, w_cap=4, w_max=4, always_active=(0,), union_capacity=6)
+        vocab.append(torch.tensor([1, 2]), torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]))
         vocab.refresh(torch.tensor([1, 2]))
+        head = vocab.head
+        assert int(head.count) == 6  # pinned 0, then 5 of the 8 new tokens
+        assert vocab.overflow_stats() == {"tokens_not_admitted": 3, "overflows": 1}
+        placed = set(head.ids[:6].tolist())
+        probs, ids = vocab.topk(torch.randn(2, HIDDEN), torch.tensor([1, 2]), k=5)
+        for row, window in enumerate(({0, 1, 2, 3, 4}, {0, 5, 6, 7, 8})):
+            drafted = set(ids[row][probs[row] > 0].tolist())
+            assert drafted == window & placed  # never a token outside the request's set
+        # Request 1 ends and frees rows; a refused token gets one once a diff touches it
+        # again (here: it enters another window).
+        vocab.reset(torch.tensor([1]))
+        vocab.append(torch.tensor([3]), torch.tensor([[7, 8]]))
+        vocab.refresh(torch.tensor([3]))
+        assert set(head.ids[: int(head.count)].tolist()) == {0, 5, 7, 8} | (placed - {1, 2, 3, 4})
+        assert vocab.overflow_stats()["overflows"] == 1
+
+
+def test_appends_to_the_padding_slot_are_dropped():
+    vocab, naive = make(w_cap=8, w_max=8)
+    vocab.append(torch.tensor([0, 1]), torch.tensor([[3, 4], [5, 6]]))
+    vocab.refresh(torch.tensor([0, 1]))
+    assert vocab.stream_length(torch.tensor([0, 1])).tolist() == [0, 2]
+    assert set(vocab.head.ids[: int(vocab.head.count)].tolist()) == {5, 6}

@@ -43,7 +43,9 @@ def scenarios(draw):
     w_max = draw(st.integers(1, w_cap))
     pinned = draw(st.lists(st.integers(0, vocab_size - 1), max_size=2, unique=True))
     ops = draw(st.lists(operation(w_cap), min_size=1, max_size=25))
-    return vocab_size, distinct, w_cap, w_max, pinned, ops
+    # None: the default buffer (never full here); else often too small for the union.
+    capacity = draw(st.one_of(st.none(), st.integers(len(pinned), len(pinned) + 2 * w_cap)))
+    return vocab_size, distinct, w_cap, w_max, pinned, capacity, ops
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
@@ -70,9 +72,12 @@ def test_matches_the_definition_on_cuda(scenario, seed):
 
 
 def run_scenario(scenario, seed, device="cpu", static_shapes=None):
-    vocab_size, distinct, w_cap, w_max, pinned, ops = scenario
+    vocab_size, distinct, w_cap, w_max, pinned, capacity, ops = scenario
     weight = torch.randn(vocab_size, HIDDEN, generator=torch.Generator().manual_seed(seed))
-    vocab = DynamicVocab(weight.to(device), SLOTS, w_cap=w_cap, w_max=w_max, always_active=pinned)
+    vocab = DynamicVocab(
+        weight.to(device), SLOTS, w_cap=w_cap, w_max=w_max, always_active=pinned,
+        static_shapes=static_shapes, union_capacity=capacity,
+    )  # fmt: skip
     naive = NaiveVocab(w_max, pinned)
     for op in ops:
         kind, *args = op

@@ -25,7 +25,13 @@ def check_state(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int]) -> Non
     head = vocab.head
     count = int(head.count)
     ids = head.ids[:count].tolist()
-    assert len(set(ids)) == count and set(ids) == naive.union()
+    assert len(set(ids)) == count <= head.capacity
+    # A full buffer leaves tokens out (counted); otherwise it holds exactly the union.
+    if int(head.overflows) == 0:
+        assert set(ids) == naive.union()
+    else:
+        assert set(ids) <= naive.union() and int(head.dropped) > 0
+        assert naive.always_active <= set(ids)
     assert (head.ids[count:] == -1).all()
     assert head.row_of[torch.tensor(ids, dtype=torch.int64)].tolist() == list(range(count))
     assert int((head.row_of >= 0).sum()) == count
@@ -42,7 +48,10 @@ def check_contains(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int]) -> 
 
 
 def check_topk(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int], k: int, seed: int) -> None:
-    """topk equals softmax over the full head with non-drafting tokens masked, then top-k."""
+    """topk equals softmax over the full head with non-drafting tokens masked, then top-k.
+
+    Drafting tokens are the active set as of the last refresh, less any token a full union
+    buffer did not admit."""
     generator = torch.Generator().manual_seed(seed)
     weight = vocab.head.weight.cpu()
     row_slots = torch.tensor(slots).repeat_interleave(2)  # two tree rows per request
@@ -51,8 +60,9 @@ def check_topk(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int], k: int,
     assert probs.shape == ids.shape == (len(row_slots), k)
     assert ((ids >= 0) & (ids < vocab.vocab_size)).all()
     full = (hidden @ weight.T).float()
+    placed = set(vocab.head.ids[: int(vocab.head.count)].tolist())
     for row, slot in enumerate(row_slots.tolist()):
-        active = sorted(naive.drafting.get(slot, set()) | naive.always_active)
+        active = sorted((naive.drafting.get(slot, set()) | naive.always_active) & placed)
         mask = torch.full_like(full[row], float("-inf"))
         mask[active] = 0.0
         expected = torch.softmax(full[row] + mask, -1).nan_to_num(0.0)

@@ -1,0 +1,35 @@
+"""Record every request's candidate stream as served, for the GPU cost model.
+
+Off unless ``NANOSPEC_RECORD_STREAMS`` names a file. Each append to the vocabulary becomes
+one JSON line ``{"rid", "kind": "prefill"|"step", "tokens": [...]}`` (valid tokens only,
+in stream order). It reads the tokens to the host once per append: a benchmark tool, not
+for serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from torch import Tensor
+
+RECORD_ENV = "NANOSPEC_RECORD_STREAMS"
+
+
+class StreamRecorder:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def from_env(cls) -> StreamRecorder | None:
+        path = os.environ.get(RECORD_ENV)
+        return cls(Path(path)) if path else None
+
+    def record(self, rids: list[str], kind: str, tokens: Tensor, valid: Tensor | None) -> None:
+        rows = tokens.tolist()
+        masks = valid.tolist() if valid is not None else [[True] * len(r) for r in rows]
+        with self.path.open("a") as out:
+            for rid, row, mask in zip(rids, rows, masks, strict=True):
+                kept = [t for t, keep in zip(row, mask, strict=True) if keep]
+                out.write(json.dumps({"rid": rid, "kind": kind, "tokens": kept}) + "\n")
