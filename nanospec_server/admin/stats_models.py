@@ -85,6 +85,11 @@ class RankStats(BaseModel):
     dp_rank: int
     settings: NanoSpecConfig
     aggregates: Aggregates
+    memory: dict[str, int] = Field(
+        default_factory=dict,
+        description="NanoSpec's device bytes by part (window, union buffer, slot map), the "
+        "sizes behind them, and how often a full union buffer left tokens out",
+    )
 
 
 class VocabStats(BaseModel):
@@ -121,6 +126,7 @@ def vocab_stats(
                 dp_rank=rank["dp_rank"],
                 settings=NanoSpecConfig.model_validate(rank["config"]),
                 aggregates=Aggregates.from_ranks([rank]),
+                memory=rank.get("memory", {}),
             )
             for rank in ranks
         ],

@@ -97,19 +97,16 @@ def published_state(rt: runtime.NanoSpecRuntime) -> dict:
         rt.snapshot(ended)  # files them through `remember_finished`
     reqs = stats.running_reqs()
     running = stats.describe_running(rt.snapshot(reqs)) if reqs else []
+    memory = rt.memory_report()
     return {
         "dp_rank": get_parallel().dp_rank or 0,
         "config": rt.config.model_dump(mode="json"),
         "vocab_size": rt.vocab_size,
-        "state_bytes": state_bytes(rt),
+        "state_bytes": memory["total_bytes"],
+        "memory": memory,
         "started_at": stats.started_at,
         "history_size": stats.history,
         "totals": stats.totals_dict(),
         "running": running,
         "finished": list(stats.finished.values()),
     }
-
-
-def state_bytes(rt: runtime.NanoSpecRuntime) -> int:
-    """Device memory NanoSpec's per-request state takes (the one place that asks)."""
-    return rt.vocab.nbytes() if rt.vocab is not None else 0

@@ -199,16 +199,6 @@ class NanoSpecRuntime:
                 self.stats.remember_finished(req.rid, req_stats)
         return stats
 
-    def state(self) -> dict:
-        """What `/get_internal_state` reports: settings, sizes, recently finished requests."""
-        return {
-            "config": self.config.model_dump(mode="json"),
-            "vocab_size": self.vocab_size,
-            "state_bytes": self.vocab.nbytes() if self.vocab is not None else 0,
-            "memory": self.memory_report(),
-            "finished_requests": dict(self.stats.finished),
-        }
-
     def memory_report(self) -> dict:
         """NanoSpec's device bytes and how a full union buffer degraded drafting (for
         /stats/vocab; reads two device counters)."""

@@ -112,6 +112,11 @@ def test_running_request_is_listed_then_finished(server: Server) -> None:
     assert final["active_vocab_mean"] == meta["active_vocab_mean"]
     stats_text = requests.get(f"{server.url}/stats/vocab", timeout=30).text
     assert "zebra" not in stats_text and done["text"][:20] not in stats_text  # never any text
+    stats = requests.get(f"{server.url}/stats/vocab", timeout=30).json()
+    memory = stats["ranks"][0]["memory"]
+    assert memory["total_bytes"] == stats["aggregates"]["state_bytes"] > 0
+    assert memory["window_bytes"] + memory["union_bytes"] <= memory["total_bytes"]
+    assert memory["tokens_not_admitted"] == 0  # the tiny vocabulary always fits
     limited = server.stats(limit=1, state="finished")["requests"]
     assert len(limited) == 1 and limited[0]["state"] == "finished"
 
