@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from nanospec_server.bench.cli import add_bench_command
 from nanospec_server.config import CONFIG_ENV, Mode, NanoSpecConfig
 from nanospec_server.models.cli import add_models_commands
 from nanospec_server.models.errors import ModelPrepareError
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_token_map_command(commands)
     add_models_commands(commands)
     add_train_command(commands)
+    add_bench_command(commands)
     return parser
 
 
