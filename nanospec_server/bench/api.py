@@ -88,6 +88,9 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
     from transformers import AutoTokenizer
 
     run_dir = run_dir or default_run_dir(settings)
+    # First, so that a bad data file fails before any model is prepared.
+    prompts = load_tasks(Path(settings.specbench) if settings.specbench else None,
+                         settings.limit_per_task, settings.seed, settings.tasks)  # fmt: skip
     store = ResultStore(run_dir)
     target = _model_dir(settings.target, settings.tiny)
     steps, topk, tokens = settings.shape
@@ -104,8 +107,6 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
     configs = build_configs(
         drafts, settings.modes, settings.static_ks, settings.w_maxes, token_maps
     )
-    prompts = load_tasks(Path(settings.specbench) if settings.specbench else None,
-                         settings.limit_per_task, settings.seed, settings.tasks)  # fmt: skip
     references = {c.name: full_vocab_reference(configs, c) for c in configs}
     anchors = [AR] + [n for n in dict.fromkeys(references.values()) if n]
     config_groups = groups([c.name for c in configs], anchors, settings.max_servers)
