@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from nanospec_server.bench.cli import _positive, _size
+from nanospec_server.bench.provenance import bench_root
 
 W_SWEEP = [256, 512, 1024, 2048, 3072, 4096, 8192]
 K_SWEEP = [512, 1024, 2048, 4096, 8192, 16384, 32768]
@@ -31,7 +32,7 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     cov.add_argument(
         "--token-map-corpus", nargs="+", help="FR-Spec corpus (default: Python stdlib)"
     )
-    cov.add_argument("--out", type=Path, default=Path("bench-coverage"))
+    cov.add_argument("--out", type=Path, default=bench_root() / "coverage", help="output directory")
     cov.add_argument("--tiny", action="store_true", help="the tiny offline target")
     cov.set_defaults(func=lambda args: coverage_command(args, cov))
 
@@ -42,7 +43,7 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     lat.add_argument("--steps", type=_positive, default=30)
     lat.add_argument("--context", type=_positive, default=512, help="KV-cache tokens")
     lat.add_argument("--specbench", help="Spec-Bench question.jsonl (the text of the stream)")
-    lat.add_argument("--out", type=Path, default=Path("bench-latency"))
+    lat.add_argument("--out", type=Path, default=bench_root() / "latency", help="output directory")
     lat.add_argument("--tiny", action="store_true", help="the tiny offline standalone draft")
     lat.set_defaults(func=lambda args: latency_command(args, lat))
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from nanospec_server.bench.configs import (
     full_vocab_reference,
 )
 from nanospec_server.bench.data import TASKS, load_tasks
-from nanospec_server.bench.provenance import provenance
+from nanospec_server.bench.provenance import bench_root, provenance
 from nanospec_server.bench.report import write_report
 from nanospec_server.bench.runner import SideBySide
 from nanospec_server.bench.schedule import groups, plan
@@ -58,6 +57,9 @@ class BenchSettings:
     dtype: str = "bfloat16"
     max_servers: int | None = None
     max_total_tokens: int = 16384
+    # SGLang checks this share of the memory it finds free at start against the weights;
+    # --max-total-tokens, not this, bounds each server's KV pool.
+    mem_fraction_static: float = 0.9
     specbench: str | None = None
     token_map_corpus: list[str] = field(default_factory=list)
     tiny: bool = False
@@ -67,8 +69,7 @@ class BenchSettings:
 
 
 def default_run_dir(settings: BenchSettings) -> Path:
-    root = Path(os.environ.get("NANOSPEC_CACHE") or Path.home() / ".cache/nanospec-server")
-    return root / "bench" / f"run-{settings.digest()}"
+    return bench_root() / f"run-{settings.digest()}"
 
 
 def _model_dir(name_or_path: str, tiny: bool) -> Path:
@@ -117,7 +118,7 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
              "groups": config_groups, "prompts": [p.id for p in prompts]}  # fmt: skip
     store.start(info)
     base = ["--model-path", str(target), "--dtype", settings.dtype,
-            "--max-total-tokens", str(settings.max_total_tokens), "--mem-fraction-static", "0.3"]  # fmt: skip
+            "--max-total-tokens", str(settings.max_total_tokens), "--mem-fraction-static", str(settings.mem_fraction_static)]  # fmt: skip
     bench = SideBySide(configs, prompts, AutoTokenizer.from_pretrained(str(target)), store,
                        settings.max_new_tokens)  # fmt: skip
     bench.run(batches, base, run_dir / "logs")

@@ -59,6 +59,12 @@ def hardware() -> dict:
     return info
 
 
+def bench_root() -> Path:
+    """Where results go unless told otherwise: ``$NANOSPEC_CACHE/bench``."""
+    root = os.environ.get("NANOSPEC_CACHE") or Path.home() / ".cache/nanospec-server"
+    return Path(root) / "bench"
+
+
 def command_line() -> str:
     """The command as the user typed it (`python -m nanospec_server.cli` reads as `nanospec`)."""
     program = Path(sys.argv[0]).name
