@@ -117,6 +117,8 @@ def _lossless_section(checks: dict) -> list[str]:
         a, b = str(d["ar_token"]), str(d["config_token"])
         if a in logprobs and b in logprobs:
             gap = f", target log-prob gap {logprobs[a] - logprobs[b]:.4f}"
+        elif "probe_error" in d:
+            gap = f" (probe failed: {d['probe_error']})"
         lines.append(
             f"- {d['config']} on {d['prompt_id']} (turn {d['turn'] + 1}, c{d['concurrency']}): "
             f"first differs at token {d['position']}: ar {d['ar_token']} {d.get('text', {}).get(a, '')!r} "

@@ -101,11 +101,14 @@ class SideBySide:
                 continue
             names = list(dict.fromkeys(b.config for b in mine))
             with ExitStack() as stack:
-                urls = {}
-                for name in tqdm(names, desc=f"starting servers (group {group})", unit="server"):
-                    flags = base_flags + list(self.configs[name].flags)
-                    log = log_dir / f"g{group}-{name}.log"
-                    urls[name] = stack.enter_context(running_server(flags, log))
+                servers = {
+                    name: running_server(
+                        base_flags + list(self.configs[name].flags),
+                        log_dir / f"g{group}-{name}.log",
+                    )
+                    for name in names
+                }
+                urls = _start_all(stack, servers)
                 self.execute(mine, self._http_sender(urls))
                 self.probe_divergences(group, urls[AR])
 
@@ -171,9 +174,11 @@ class SideBySide:
                 continue
             ids = self.input_ids(group, d["prompt_id"], d["turn"])
             reference = self._ar_output(group, d)
-            d["logprobs"] = _candidate_logprobs(
-                ar_url, ids + reference[: d["position"]], candidates
-            )
+            try:
+                prefix = ids + reference[: d["position"]]
+                d["logprobs"] = _candidate_logprobs(ar_url, prefix, candidates)
+            except (requests.RequestException, LookupError, TypeError, ValueError) as error:
+                d["probe_error"] = str(error)  # the count stands; only the logits are missing
             d["text"] = {str(t): self.tokenizer.decode([t]) for t in candidates}
         self.store.add({"key": self._probe_key(group), "group": group, "divergences": found})
 
@@ -185,6 +190,24 @@ class SideBySide:
                     if item["prompt_id"] == d["prompt_id"]:
                         return item["output_ids"]
         return []
+
+
+def _start_all(stack: ExitStack, servers: dict) -> dict[str, str]:
+    """Start the servers concurrently (their start is mostly imports and weight loading);
+    each one that came up is stopped when ``stack`` closes, also if another failed."""
+    with ThreadPoolExecutor(max_workers=len(servers)) as pool:
+        started = {name: pool.submit(server.__enter__) for name, server in servers.items()}
+    urls, failures = {}, []
+    for name, future in started.items():
+        try:
+            urls[name] = future.result()
+            stack.push(servers[name].__exit__)
+        except Exception as error:  # re-raised below, once the others are on the stack
+            failures.append(error)
+    if failures:
+        raise failures[0]
+    print(f"nanospec bench: {len(urls)} servers up: {', '.join(urls)}", flush=True)
+    return urls
 
 
 def _candidate_logprobs(url: str, input_ids: list[int], tokens: list[int]) -> dict[str, float]:
