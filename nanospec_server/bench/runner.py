@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from pathlib import Path
 
 import requests
@@ -21,7 +20,7 @@ from tqdm import tqdm
 from nanospec_server.bench.configs import AR, BenchConfig
 from nanospec_server.bench.data import BenchPrompt, encode_chat
 from nanospec_server.bench.schedule import Batch
-from nanospec_server.bench.server import generate, running_server
+from nanospec_server.bench.server import generate, running_servers
 from nanospec_server.bench.store import ResultStore
 
 # sender(batch, input ids per prompt) -> items (one per prompt) and the batch's wall time
@@ -100,15 +99,15 @@ class SideBySide:
             if all(b.key in self.store for b in mine) and self._probed(group):
                 continue
             names = list(dict.fromkeys(b.config for b in mine))
-            with ExitStack() as stack:
-                servers = {
-                    name: running_server(
-                        base_flags + list(self.configs[name].flags),
-                        log_dir / f"g{group}-{name}.log",
-                    )
-                    for name in names
-                }
-                urls = _start_all(stack, servers)
+            servers = {
+                name: (
+                    base_flags + list(self.configs[name].flags),
+                    log_dir / f"g{group}-{name}.log",
+                )
+                for name in names
+            }
+            with running_servers(servers) as urls:
+                print(f"nanospec bench: group {group} up: {', '.join(urls)}", flush=True)
                 self.execute(mine, self._http_sender(urls))
                 self.probe_divergences(group, urls[AR])
 
@@ -190,24 +189,6 @@ class SideBySide:
                     if item["prompt_id"] == d["prompt_id"]:
                         return item["output_ids"]
         return []
-
-
-def _start_all(stack: ExitStack, servers: dict) -> dict[str, str]:
-    """Start the servers concurrently (their start is mostly imports and weight loading);
-    each one that came up is stopped when ``stack`` closes, also if another failed."""
-    with ThreadPoolExecutor(max_workers=len(servers)) as pool:
-        started = {name: pool.submit(server.__enter__) for name, server in servers.items()}
-    urls, failures = {}, []
-    for name, future in started.items():
-        try:
-            urls[name] = future.result()
-            stack.push(servers[name].__exit__)
-        except Exception as error:  # re-raised below, once the others are on the stack
-            failures.append(error)
-    if failures:
-        raise failures[0]
-    print(f"nanospec bench: {len(urls)} servers up: {', '.join(urls)}", flush=True)
-    return urls
 
 
 def _candidate_logprobs(url: str, input_ids: list[int], tokens: list[int]) -> dict[str, float]:
