@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from nanospec_server.admin.auth import ADMIN_KEY_ENV, ADMIN_KEY_FILE_ENV
 from nanospec_server.admin.cli import add_admin_commands
+from nanospec_server.bench.cli import add_bench_command
 from nanospec_server.config import CONFIG_ENV, DEFAULT_HISTORY, HISTORY_ENV, Mode, NanoSpecConfig
 from nanospec_server.models.cli import add_models_commands
 from nanospec_server.models.errors import ModelPrepareError
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_models_commands(commands)
     add_train_command(commands)
     add_admin_commands(commands)
+    add_bench_command(commands)
     return parser
 
 

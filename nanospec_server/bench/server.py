@@ -30,26 +30,48 @@ class ServerFailed(RuntimeError):
 @contextmanager
 def running_server(args: list[str], log_path: Path) -> Iterator[str]:
     """Yield the base URL of a `nanospec serve` started with `args`; stop it on exit."""
-    port = free_port()
-    command = [sys.executable, "-m", "nanospec_server.cli", "serve", "--port", str(port)]
-    command += ["--skip-server-warmup", *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
+    with running_servers({"server": (args, log_path)}) as urls:
+        yield urls["server"]
+
+
+@contextmanager
+def running_servers(servers: dict[str, tuple[list[str], Path]]) -> Iterator[dict[str, str]]:
+    """Start every named server at once (a start is mostly imports and weight loading),
+    wait until all are healthy, yield their URLs; stop them all on exit or failure."""
+    started: list[subprocess.Popen] = []
+    try:
+        pending = []
+        for name, (args, log_path) in servers.items():
+            port = free_port()
+            command = [sys.executable, "-m", "nanospec_server.cli", "serve", "--port", str(port)]
+            command += ["--skip-server-warmup", *args]
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+            with open(log_path, "w") as log:
+                process = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+            started.append(process)
+            pending.append((name, f"http://127.0.0.1:{port}", process, log_path))
+        for _, url, process, log_path in pending:
             _wait_until_healthy(url, process, log_path)
-            yield url
-        finally:
+        yield {name: url for name, url, _, _ in pending}
+    finally:
+        for process in started:
             # SIGINT is what a user's Ctrl-C sends; the CLI must stop SGLang's children too.
-            os.killpg(process.pid, signal.SIGINT)
+            _signal_group(process, signal.SIGINT)
+        for process in started:
             try:
                 process.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                _signal_group(process, signal.SIGKILL)
                 process.wait()
+
+
+def _signal_group(process: subprocess.Popen, sig: signal.Signals) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:

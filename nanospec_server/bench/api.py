@@ -1,0 +1,126 @@
+"""`run_bench`: the Python API under `nanospec bench run`.
+
+settings = BenchSettings(limit_per_task=1, max_new_tokens=32)
+run_dir = run_bench(settings)            # resumes if run_dir already holds part of it
+print((run_dir / "report.md").read_text())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanospec_server.bench.configs import (
+    AR,
+    DEFAULT_W_MAX,
+    Draft,
+    build_configs,
+    build_token_maps,
+    default_token_map_corpus,
+    full_vocab_reference,
+)
+from nanospec_server.bench.data import TASKS, load_tasks
+from nanospec_server.bench.provenance import bench_root, provenance
+from nanospec_server.bench.report import write_report
+from nanospec_server.bench.runner import SideBySide
+from nanospec_server.bench.schedule import groups, plan
+from nanospec_server.bench.store import ResultStore
+
+# The paper's analyses as configuration presets (Figure 1a, Figure 6, Table 5).
+ANALYSES = {
+    "main": {"modes": ["full", "static", "nanospec", "ctx-only", "ext-only", "sync"]},
+    "vocab-sweep": {"modes": ["full", "static"],
+                    "static_ks": [32768, 16384, 8192, 4096, 2048, 1024, 512]},
+    "wmax": {"modes": ["full", "nanospec"], "w_maxes": [256, 512, 1024, 2048, 3072, 4096, 8192]},
+    "ablation": {"modes": ["full", "nanospec", "ctx-only", "ext-only", "sync"]},
+}  # fmt: skip
+
+
+@dataclass
+class BenchSettings:
+    target: str = "qwen2.5-coder-1.5b-instruct"  # registry name or model directory
+    standalone: list[str] = field(default_factory=lambda: ["qwen2.5-coder-0.5b-instruct"])
+    eagle: list[str] = field(default_factory=list)
+    shape: tuple[int, int, int] = (4, 1, 5)  # draft steps, top-k, draft tokens
+    modes: list[str] = field(default_factory=lambda: list(ANALYSES["main"]["modes"]))
+    static_ks: list[int] = field(default_factory=lambda: [32768])
+    w_maxes: list[int] = field(default_factory=lambda: [DEFAULT_W_MAX])
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    limit_per_task: int | None = 2
+    seed: int = 0
+    repeats: int = 1
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    max_new_tokens: int = 64
+    dtype: str = "bfloat16"
+    max_servers: int | None = None
+    max_total_tokens: int = 16384
+    # SGLang checks this share of the memory it finds free at start against the weights;
+    # --max-total-tokens, not this, bounds each server's KV pool.
+    mem_fraction_static: float = 0.9
+    specbench: str | None = None
+    token_map_corpus: list[str] = field(default_factory=list)
+    tiny: bool = False
+
+    def digest(self) -> str:
+        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]  # fmt: skip
+
+
+def default_run_dir(settings: BenchSettings) -> Path:
+    return bench_root() / f"run-{settings.digest()}"
+
+
+def _model_dir(name_or_path: str, tiny: bool) -> Path:
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if tiny:
+        from nanospec_server.models.tiny import tiny_model_path
+
+        return tiny_model_path(name_or_path)
+    from nanospec_server.models.prepare import prepare_model
+
+    return prepare_model(name_or_path)
+
+
+def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
+    from transformers import AutoTokenizer
+
+    run_dir = run_dir or default_run_dir(settings)
+    # First, so that a bad data file fails before any model is prepared.
+    prompts = load_tasks(Path(settings.specbench) if settings.specbench else None,
+                         settings.limit_per_task, settings.seed, settings.tasks)  # fmt: skip
+    store = ResultStore(run_dir)
+    target = _model_dir(settings.target, settings.tiny)
+    steps, topk, tokens = settings.shape
+    drafts = [
+        Draft("EAGLE", _model_dir(p, settings.tiny), steps, topk, tokens) for p in settings.eagle
+    ]
+    drafts += [Draft("STANDALONE", _model_dir(p, settings.tiny), steps, topk, tokens) for p in settings.standalone]  # fmt: skip
+    vocab_size = json.loads((target / "config.json").read_text())["vocab_size"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    token_maps = {}
+    if "static" in settings.modes:
+        corpus = [Path(p) for p in settings.token_map_corpus] or default_token_map_corpus()
+        token_maps = build_token_maps(target, settings.static_ks, vocab_size, run_dir, corpus)
+    configs = build_configs(
+        drafts, settings.modes, settings.static_ks, settings.w_maxes, token_maps
+    )
+    references = {c.name: full_vocab_reference(configs, c) for c in configs}
+    anchors = [AR] + [n for n in dict.fromkeys(references.values()) if n]
+    config_groups = groups([c.name for c in configs], anchors, settings.max_servers)
+    batches = plan(config_groups, {p.id: len(p.turns) for p in prompts},
+                   settings.repeats, settings.concurrency)  # fmt: skip
+    info = provenance(json.loads(json.dumps(dataclasses.asdict(settings))))
+    info |= {"configs": {c.name: list(c.flags) for c in configs}, "references": references,
+             "groups": config_groups, "prompts": [p.id for p in prompts]}  # fmt: skip
+    store.start(info)
+    base = ["--model-path", str(target), "--dtype", settings.dtype,
+            "--max-total-tokens", str(settings.max_total_tokens), "--mem-fraction-static", str(settings.mem_fraction_static)]  # fmt: skip
+    bench = SideBySide(configs, prompts, AutoTokenizer.from_pretrained(str(target)), store,
+                       settings.max_new_tokens)  # fmt: skip
+    bench.run(batches, base, run_dir / "logs")
+    write_report(run_dir)
+    return run_dir

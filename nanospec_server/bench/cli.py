@@ -1,0 +1,157 @@
+"""`nanospec bench`: run, report, and the offline analyses.
+
+nanospec bench run --quick                       # real pair, every task, < 10 min on CPU
+nanospec bench run --tiny --quick                # tiny offline models (a minute)
+nanospec bench run --analysis vocab-sweep        # Figure 1a: static top-k 32k..512
+nanospec bench run --analysis wmax               # Figure 6: W_max 256..8192
+nanospec bench report RUN_DIR                    # rewrite report.md and the figures
+nanospec bench coverage                          # Figure 1b offline, + evolution
+nanospec bench latency                           # Table 4: per-step draft breakdown
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from nanospec_server.bench.configs import MODES, parse_size
+
+QUICK = {"limit_per_task": 1, "max_new_tokens": 32, "modes": ["full", "static", "nanospec"],
+         "concurrency": [1], "repeats": 1}  # fmt: skip
+TINY = {"target": "agree-target", "eagle": ["agree-eagle"], "standalone": [],
+        "dtype": "float32", "static_ks": [256], "max_total_tokens": 8192}  # fmt: skip
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 32k or 512, got {text!r}") from None
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    try:
+        shape = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"expected STEPS,TOPK,TOKENS (each >= 1), got {text!r}")
+    return shape
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_bench_command(commands: argparse._SubParsersAction) -> None:
+    from nanospec_server.bench.api import ANALYSES
+    from nanospec_server.bench.data import TASKS
+
+    bench = commands.add_parser("bench", help="benchmark configurations side by side, analyses",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+    run = sub.add_parser("run", help="every configuration side by side on Spec-Bench + HumanEval")
+    run.add_argument("--analysis", choices=list(ANALYSES), default="main",
+                     help="configuration preset: main (every mode), vocab-sweep (Fig 1a), "
+                          "wmax (Fig 6), ablation (Table 5)")  # fmt: skip
+    run.add_argument("--target", help="target model: registry name or directory")
+    run.add_argument("--standalone", nargs="*", help="STANDALONE draft models (names or dirs)")
+    run.add_argument("--eagle", nargs="*", help="EAGLE head directories")
+    run.add_argument("--shape", type=_shape, help="draft tree STEPS,TOPK,TOKENS (default 4,1,5)")
+    run.add_argument(
+        "--modes", nargs="+", choices=MODES, help="draft modes (default: the preset's)"
+    )
+    run.add_argument("--static-k", nargs="+", type=_size, help="FR-Spec sizes (default 32k)")
+    run.add_argument("--w-max", nargs="+", type=_positive, help="NanoSpec W_max values")
+    run.add_argument("--tasks", nargs="+", choices=TASKS, help="tasks (default: all seven)")
+    run.add_argument("--specbench", help="Spec-Bench question.jsonl (default: ../shared/data/...)")
+    run.add_argument("--limit-per-task", type=_positive, help="prompts per task (default 2)")
+    run.add_argument("--seed", type=int, help="prompt draw (default 0)")
+    run.add_argument("--repeats", type=_positive, help="passes over the prompts (default 1)")
+    run.add_argument("--concurrency", nargs="+", type=_positive, help="e.g. 1 8 (default 1)")
+    run.add_argument("--max-new-tokens", type=_positive, help="default 64 on CPU, 1024 on GPU")
+    run.add_argument("--dtype", help="server --dtype (default bfloat16)")
+    run.add_argument("--max-servers", type=_positive,
+                     help="servers up at once (groups keep ar and the full-vocab drafts in each)")  # fmt: skip
+    run.add_argument("--max-total-tokens", type=_positive, help="each server's KV pool")
+    run.add_argument(
+        "--token-map-corpus", nargs="+", help="FR-Spec corpus (default: Python stdlib)"
+    )
+    run.add_argument("--out", type=Path, help="run directory (default: derived from the settings; "
+                                              "rerunning the same command resumes it)")  # fmt: skip
+    run.add_argument("--tiny", action="store_true", help="tiny offline models (fp32)")
+    run.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 prompt per task, 32 new tokens, full/static/nanospec, concurrency 1",
+    )
+    run.set_defaults(func=lambda args: run_command(args, run))
+
+    report = sub.add_parser("report", help="rewrite a run's report.md, summary.json and figures")
+    report.add_argument("run_dir", type=Path)
+    report.set_defaults(func=lambda args: report_command(args, report))
+    from nanospec_server.bench.analyses_cli import add_analysis_commands
+
+    add_analysis_commands(sub)
+
+
+def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    from nanospec_server import host
+    from nanospec_server.bench.api import ANALYSES, BenchSettings
+
+    values: dict = {"max_new_tokens": 1024 if host.has_cuda() else 64}
+    values |= ANALYSES[args.analysis]
+    if args.tiny:
+        values |= TINY
+    if args.quick:
+        quick = dict(QUICK)
+        if args.analysis != "main":
+            quick.pop("modes")
+        values |= quick
+    given = {"target": args.target, "standalone": args.standalone, "eagle": args.eagle,
+             "shape": args.shape, "modes": args.modes, "static_ks": args.static_k,
+             "w_maxes": args.w_max, "tasks": args.tasks, "specbench": args.specbench,
+             "limit_per_task": args.limit_per_task, "seed": args.seed, "repeats": args.repeats,
+             "concurrency": args.concurrency, "max_new_tokens": args.max_new_tokens,
+             "dtype": args.dtype, "max_servers": args.max_servers,
+             "max_total_tokens": args.max_total_tokens, "token_map_corpus": args.token_map_corpus}  # fmt: skip
+    values |= {k: v for k, v in given.items() if v is not None}
+    if args.tiny:
+        values["tiny"] = True
+    settings = BenchSettings(**values)
+    if not settings.standalone and not settings.eagle:
+        parser.error("--standalone/--eagle: give at least one draft")
+    return settings
+
+
+def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from nanospec_server.bench.api import run_bench
+    from nanospec_server.bench.data import DataError
+    from nanospec_server.bench.store import RunMismatch
+
+    settings = settings_from(args, parser)
+    try:
+        run_dir = run_bench(settings, args.out)
+    except DataError as error:
+        parser.error(f"--specbench: {error}")
+    except RunMismatch as error:
+        parser.error(f"--out: {error}")
+    except ValueError as error:
+        if "max_servers" in str(error):
+            parser.error(f"--max-servers: {error}")
+        raise
+    print((run_dir / "report.md").read_text())
+    print(f"nanospec: results in {run_dir}")
+    return 0
+
+
+def report_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from nanospec_server.bench.report import write_report
+
+    if not (args.run_dir / "run.json").is_file():
+        parser.error(f"run_dir: {args.run_dir} holds no run (no run.json)")
+    print(write_report(args.run_dir).read_text())
+    return 0

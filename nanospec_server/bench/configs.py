@@ -1,0 +1,120 @@
+"""The configurations a benchmark compares, each a set of `nanospec serve` flags.
+
+Every configuration serves the same target with the same engine settings; they differ
+only in speculation: plain decoding (``ar``), a draft (EAGLE head or STANDALONE model)
+with the full vocabulary, FR-Spec static top-k, NanoSpec, and the paper's ablations.
+Names read ``<draft>-<mode>[-<size>]``: ``standalone-static-32k``, ``eagle-nanospec-w512``.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanospec_server.bench.server import speculative_flags
+
+AR = "ar"
+MODES = ("full", "static", "nanospec", "ctx-only", "ext-only", "sync")
+DEFAULT_W_MAX = 3072
+
+
+@dataclass(frozen=True)
+class Draft:
+    algorithm: str  # "EAGLE" or "STANDALONE"
+    path: Path
+    steps: int = 4
+    topk: int = 1
+    tokens: int = 5
+
+    @property
+    def label(self) -> str:
+        return self.algorithm.lower()
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    draft: Draft | None = None
+    mode: str | None = None
+    static_k: int | None = None
+    w_max: int = DEFAULT_W_MAX
+    flags: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def is_ar(self) -> bool:
+        return self.draft is None
+
+
+def size_label(k: int) -> str:
+    return f"{k // 1024}k" if k % 1024 == 0 else str(k)
+
+
+def parse_size(text: str) -> int:
+    """``32k`` -> 32768, ``512`` -> 512."""
+    text = text.strip().lower()
+    value = int(text[:-1]) * 1024 if text.endswith("k") else int(text)
+    if value < 1:
+        raise ValueError(f"size must be >= 1, got {text!r}")
+    return value
+
+
+def build_configs(
+    drafts: list[Draft],
+    modes: list[str],
+    static_ks: list[int],
+    w_maxes: list[int],
+    token_maps: dict[int, Path],
+) -> list[BenchConfig]:
+    """``ar`` first, then per draft: each mode; `static` once per k, `nanospec` once per
+    W_max (the default W_max keeps the plain name)."""
+    configs = [BenchConfig(AR)]
+    for draft in drafts:
+        spec = speculative_flags(draft.algorithm, draft.path, draft.steps, draft.topk, draft.tokens)
+        for mode in modes:
+            if mode == "static":
+                for k in static_ks:
+                    flags = [*spec, "--nanospec-mode", "static"]
+                    flags += ["--speculative-token-map", str(token_maps[k])]
+                    name = f"{draft.label}-static-{size_label(k)}"
+                    configs.append(BenchConfig(name, draft, mode, static_k=k, flags=tuple(flags)))
+                continue
+            for w in w_maxes if mode == "nanospec" else [DEFAULT_W_MAX]:
+                name = f"{draft.label}-{mode}" + (f"-w{w}" if w != DEFAULT_W_MAX else "")
+                flags = [*spec, "--nanospec-mode", mode, "--nanospec-w-max", str(w)]
+                configs.append(BenchConfig(name, draft, mode, w_max=w, flags=tuple(flags)))
+    return configs
+
+
+def full_vocab_reference(configs: list[BenchConfig], config: BenchConfig) -> str | None:
+    """The full-vocabulary configuration of the same draft (ratios are taken to it)."""
+    if config.draft is None:
+        return None
+    for other in configs:
+        if other.draft == config.draft and other.mode == "full":
+            return other.name
+    return None
+
+
+def default_token_map_corpus() -> list[Path]:
+    """Text that is not the benchmark: Python's standard library sources and the tiny
+    models' English corpus (both on every install, offline)."""
+    from nanospec_server.models.tiny.tokenizer import CORPUS_PATH
+
+    stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:300]
+    return [*stdlib, Path(CORPUS_PATH)]
+
+
+def build_token_maps(
+    tokenizer_dir: Path, ks: list[int], vocab_size: int, out_dir: Path, corpus: list[Path]
+) -> dict[int, Path]:
+    """One FR-Spec token map per k (k capped at the vocabulary), cached in ``out_dir``."""
+    from nanospec_server.models.token_map import build_token_map
+
+    maps = {}
+    for k in ks:
+        path = out_dir / f"token_map_{size_label(k)}.pt"
+        if not path.is_file():
+            build_token_map(tokenizer_dir, corpus, min(k, vocab_size), path)
+        maps[k] = path
+    return maps

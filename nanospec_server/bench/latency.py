@@ -1,0 +1,107 @@
+"""Table 4: one draft step's latency, broken down: `nanospec bench latency`.
+
+Times, on this machine and outside the server, the parts of one draft step of a real
+draft model at batch 1: the backbone (one decode token over a KV cache), the LM head over
+the full vocabulary, over an FR-Spec static 32k list and over NanoSpec's packed rows, the
+gather that refreshes the packed rows (``DynamicVocab.refresh``) and the state update
+(``DynamicVocab.append``). The stream is real text (Spec-Bench turns), tokenised by the
+draft's tokenizer, appended as the serving path does: one prompt, then per step a
+5-token tree and 3 x 5 verify predictions, advancing through the text.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from nanospec_server.vocab import DynamicVocab
+
+
+def _median_ms(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def _head_topk(hidden: torch.Tensor, rows: torch.Tensor, k: int = 8) -> torch.Tensor:
+    """What a draft head does per step: logits, softmax, top-k (as ``DynamicVocab.topk``)."""
+    return torch.softmax(hidden @ rows.T, dim=-1).topk(k, dim=-1).indices
+
+
+def breakdown(model, stream: list[int], w_max: int = 3072, steps: int = 30,
+              context: int = 512, static_k: int = 32768) -> dict:  # fmt: skip
+    """Median milliseconds per part of a draft step (batch 1)."""
+    from transformers import DynamicCache
+
+    weight = model.lm_head.weight.detach()
+    vocab_size, _ = weight.shape
+    prompt, rest = stream[:w_max], stream[w_max:]
+    if len(rest) < steps * 20:
+        raise ValueError(f"need {w_max + steps * 20} stream tokens, got {len(stream)}")
+    vocab = DynamicVocab(weight, num_slots=2, w_cap=w_max, w_max=w_max, max_batch=1)
+    slot = torch.tensor([1])
+    vocab.append(slot, torch.tensor([prompt]))
+    vocab.refresh(slot)
+
+    cache = DynamicCache()
+    with torch.no_grad():
+        out = model.model(torch.tensor([stream[:context]]), past_key_values=cache, use_cache=True)
+    hidden = out.last_hidden_state[:, -1]
+    times: dict[str, list[float]] = {k: [] for k in
+                                     ("backbone", "head_full", "head_static", "head_packed", "gather", "state_update")}  # fmt: skip
+    static_rows = weight[: min(static_k, vocab_size)].contiguous()
+    rows = []
+    for i in range(steps):
+        chunk = torch.tensor([rest[i * 20 : (i + 1) * 20]])
+        with torch.no_grad():
+            token = torch.tensor([[stream[context + i]]])
+            times["backbone"].append(_median_ms(
+                lambda t=token: model.model(t, past_key_values=cache, use_cache=True), 1))  # fmt: skip
+            cache.crop(-1)  # back to `context` tokens: every step alike
+            times["head_full"].append(_median_ms(lambda: _head_topk(hidden, weight), 3))
+            times["head_static"].append(_median_ms(lambda: _head_topk(hidden, static_rows), 3))
+            times["state_update"].append(_median_ms(lambda c=chunk: vocab.append(slot, c), 1))
+            times["gather"].append(_median_ms(lambda: vocab.refresh(slot), 1))
+            times["head_packed"].append(_median_ms(lambda: vocab.topk(hidden, slot, 8), 3))
+            rows.append(vocab.rows_computed)
+    result = {k: statistics.median(v) for k, v in times.items()}
+    result |= {"packed_rows_mean": statistics.fmean(rows), "vocab_size": vocab_size,
+               "static_k": static_rows.shape[0], "w_max": w_max, "context": context}  # fmt: skip
+    return result
+
+
+def step_totals(b: dict) -> dict[str, dict[str, float]]:
+    """Per configuration: draft step time and the LM head's share of it (no overlap on
+    CPU: the gather runs on the same cores as the backbone)."""
+    parts = {
+        "full": {"backbone": b["backbone"], "lm_head": b["head_full"]},
+        f"static-{b['static_k']}": {"backbone": b["backbone"], "lm_head": b["head_static"]},
+        "nanospec": {
+            "backbone": b["backbone"],
+            "lm_head": b["head_packed"],
+            "gather": b["gather"],
+            "state_update": b["state_update"],
+        },  # fmt: skip
+    }
+    return {name: {"total_ms": sum(p.values()), "lm_head_share": p["lm_head"] / sum(p.values())}
+            for name, p in parts.items()}  # fmt: skip
+
+
+def markdown(b: dict, command: str, model: str) -> str:
+    totals = step_totals(b)
+    lines = [f"# Draft step latency breakdown (Table 4): {model}", "", f"- command: `{command}`",
+             f"- batch 1, KV context {b['context']}, W_max {b['w_max']}, packed rows "
+             f"{b['packed_rows_mean']:.0f} of {b['vocab_size']}, medians in ms", "",
+             "| part | ms |", "|---|---|"]  # fmt: skip
+    for key in ("backbone", "head_full", "head_static", "head_packed", "gather", "state_update"):
+        lines.append(f"| {key} | {b[key]:.3f} |")
+    lines += ["", "| configuration | draft step ms | LM-head share |", "|---|---|---|"]
+    for name, t in totals.items():
+        lines.append(f"| {name} | {t['total_ms']:.2f} | {t['lm_head_share']:.1%} |")
+    return "\n".join(lines) + "\n"

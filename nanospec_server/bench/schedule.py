@@ -1,0 +1,76 @@
+"""The side-by-side schedule: which prompts go to which server, in which order.
+
+On a noisy shared machine only ratios measured in one run hold, so every configuration's
+server is up at once and each batch of prompts goes to every configuration in turn. The
+order of configurations rotates from one batch to the next, so no configuration always
+runs first (after an idle pause) or last. When memory limits how many servers can run at
+once, configurations run in groups that each hold the anchors (``ar`` and the
+full-vocabulary drafts), so every ratio is still taken within one group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Batch:
+    group: int
+    config: str
+    turn: int  # 0: first user turn; 1: second turn after the model's first answer
+    repeat: int
+    concurrency: int
+    prompt_ids: tuple[str, ...]  # sent concurrently
+
+    @property
+    def key(self) -> str:
+        prompts = ",".join(self.prompt_ids)
+        return (
+            f"g{self.group}|{self.config}|t{self.turn}|r{self.repeat}|c{self.concurrency}|{prompts}"
+        )
+
+
+def groups(configs: list[str], anchors: list[str], max_servers: int | None) -> list[list[str]]:
+    """Configurations in groups of at most ``max_servers``, every group holding the anchors."""
+    if max_servers is None or max_servers >= len(configs):
+        return [list(configs)]
+    others = [c for c in configs if c not in anchors]
+    room = max_servers - len(anchors)
+    if room < 1:
+        raise ValueError(
+            f"max_servers must exceed the {len(anchors)} anchors ({', '.join(anchors)})"
+        )
+    return [anchors + others[i : i + room] for i in range(0, len(others), room)]
+
+
+def rotated(items: list[str], shift: int) -> list[str]:
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
+def plan(
+    config_groups: list[list[str]],
+    prompt_turns: dict[str, int],
+    repeats: int,
+    concurrencies: list[int],
+) -> list[Batch]:
+    """Every batch of the run, in order. ``prompt_turns`` maps prompt id -> number of turns.
+
+    Within a group: all first turns (every repeat and concurrency), then all second
+    turns, since a second turn is built from ``ar``'s first answer. Batches of one
+    concurrency take consecutive prompts; each batch goes to every configuration of the
+    group, starting one further along the group each time.
+    """
+    batches = []
+    for g, group in enumerate(config_groups):
+        block = 0
+        for turn in range(max(prompt_turns.values(), default=0)):
+            prompts = [p for p, turns in prompt_turns.items() if turns > turn]
+            for repeat in range(repeats):
+                for c in concurrencies:
+                    for start in range(0, len(prompts), c):
+                        chunk = tuple(prompts[start : start + c])
+                        for config in rotated(group, block):
+                            batches.append(Batch(g, config, turn, repeat, c, chunk))
+                        block += 1
+    return batches

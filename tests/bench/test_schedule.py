@@ -1,0 +1,48 @@
+"""The side-by-side schedule: rotation, groups with anchors, turn order."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nanospec_server.bench.schedule import groups, plan, rotated
+
+
+def test_every_batch_goes_to_every_config_with_a_rotating_first() -> None:
+    configs = ["ar", "full", "static", "nanospec"]
+    batches = plan([configs], {f"p{i}": 1 for i in range(8)}, repeats=1, concurrencies=[1])
+    assert len(batches) == 8 * 4
+    blocks = [batches[i : i + 4] for i in range(0, len(batches), 4)]
+    for b, block in enumerate(blocks):
+        assert {x.prompt_ids for x in block} == {(f"p{b}",)}
+        assert [x.config for x in block] == rotated(configs, b)
+    # Each configuration goes first (and last) equally often.
+    assert Counter(block[0].config for block in blocks) == Counter({c: 2 for c in configs})
+
+
+def test_second_turns_come_after_all_first_turns_and_batches_group_prompts() -> None:
+    turns = {"conv": 2, "qa": 1, "rag": 1}
+    batches = plan([["ar", "x"]], turns, repeats=2, concurrencies=[1, 2])
+    first_second = [i for i, b in enumerate(batches) if b.turn == 1][0]
+    assert all(b.turn == 0 for b in batches[:first_second])
+    assert {b.prompt_ids for b in batches if b.turn == 1} == {("conv",)}
+    assert {b.prompt_ids for b in batches if b.concurrency == 2 and b.turn == 0} == {("conv", "qa"), ("rag",)}  # fmt: skip
+    assert len({b.key for b in batches}) == len(batches)  # keys identify batches (resume)
+
+
+@given(st.integers(1, 12), st.integers(3, 8))
+def test_groups_hold_the_anchors_and_cover_every_config(n_others: int, max_servers: int) -> None:
+    anchors = ["ar", "full"]
+    configs = anchors + [f"c{i}" for i in range(n_others)]
+    got = groups(configs, anchors, max_servers)
+    assert all(g[:2] == anchors and len(g) <= max_servers for g in got)
+    assert sorted(c for g in got for c in g[2:]) == sorted(configs[2:])
+    assert groups(configs, anchors, None) == [configs]
+
+
+def test_too_few_servers_for_the_anchors_is_an_error() -> None:
+    with pytest.raises(ValueError, match="max_servers must exceed the 2 anchors"):
+        groups(["ar", "full", "x"], ["ar", "full"], 2)
