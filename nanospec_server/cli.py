@@ -43,6 +43,11 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     nanospec.add_argument("--nanospec-k-pre", type=int, default=3, help="top-k per prompt position")
     nanospec.add_argument("--nanospec-k-ver", type=int, default=3, help="top-k per verify step")
+    nanospec.add_argument(
+        "--nanospec-prior-k", type=int, default=0,
+        help="hybrid vocabulary: also draft from the k most frequent tokens of a fixed "
+        "non-benchmark corpus (default 0: the paper's window only)",
+    )  # fmt: skip
 
 
 def _add_token_map_command(commands: argparse._SubParsersAction) -> None:
@@ -89,6 +94,7 @@ def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             w_cap=args.nanospec_w_cap or args.nanospec_w_max,
             k_pre=args.nanospec_k_pre,
             k_ver=args.nanospec_k_ver,
+            prior_k=args.nanospec_prior_k,
         )
     except ValidationError as error:
         problems = "; ".join(

@@ -38,6 +38,9 @@ class NanoSpecConfig(BaseModel):
     w_cap: int = Field(3072, ge=1, description="capacity fixed at allocation; bounds live W_max")
     k_pre: int = Field(3, ge=0, le=64, description="target top-k per prompt position")
     k_ver: int = Field(3, ge=0, le=64, description="target top-k per accepted verify position")
+    # Hybrid vocabulary: I ∪ P, P = the prior_k most frequent tokens of a fixed corpus
+    # (models/prior.py), pinned like EOS; 0 is the paper's method.
+    prior_k: int = Field(0, ge=0, description="static prior tokens added to every active set")
 
     @model_validator(mode="after")
     def _w_max_fits(self) -> NanoSpecConfig:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.runtime_context import get_parallel, get_spec
+from sglang.srt.runtime_context import get_parallel, get_serving, get_spec
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
@@ -69,19 +69,20 @@ def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
     vocab = None
     if config.mode.is_dynamic:
         _check_supported(worker, config)
-        eos = sorted(target_runner.model_config.hf_eos_token_id or ())
+        eos = set(target_runner.model_config.hf_eos_token_id or ())
+        prior = _prior_tokens(config.prior_k)
         vocab = DynamicVocab(
             worker.draft_runner.model.lm_head.weight.data,
             num_slots=num_slots,
             w_cap=config.w_cap,
             w_max=config.w_max,
-            always_active=eos,
+            always_active=sorted(eos.union(prior)),
             overlap=config.mode != Mode.SYNC,
         )
         logger.info(
-            "nanospec: %s mode, W_max=%d (cap %d), K_pre=%d, K_ver=%d, %d slots, %.1f MiB",
-            config.mode.value, config.w_max, config.w_cap, config.k_pre, config.k_ver,
-            num_slots, vocab.nbytes() / 2**20,
+            "nanospec: %s mode, W_max=%d (cap %d), K_pre=%d, K_ver=%d, prior %d, %d slots, "
+            "%.1f MiB", config.mode.value, config.w_max, config.w_cap, config.k_pre,
+            config.k_ver, len(prior), num_slots, vocab.nbytes() / 2**20,
         )  # fmt: skip
     elif config.mode == Mode.STATIC and worker.hot_token_id is None:
         raise ValueError("--nanospec-mode static needs --speculative-token-map (FR-Spec list)")
@@ -95,6 +96,18 @@ def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
     )
     runtime.update_settings()  # publish K_ver to the verify hook
     return runtime
+
+
+def _prior_tokens(k: int) -> list[int]:
+    if k == 0:
+        return []
+    from transformers import AutoTokenizer
+
+    from nanospec_server.models.prior import prior_token_ids
+
+    # The draft worker loads no tokenizer of its own; the target's is the one that counts.
+    tokenizer = AutoTokenizer.from_pretrained(get_serving().tokenizer_path)
+    return prior_token_ids(tokenizer, k)
 
 
 def _check_supported(worker: EagleDraftWorker, config: NanoSpecConfig) -> None:
