@@ -34,6 +34,7 @@ def main() -> int:
     parser.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-answer", type=int, default=64)
+    parser.add_argument("--max-prompt", type=int, default=160, help="skip longer prompts")
     parser.add_argument("--config", type=_config, action="append", help="DTYPE,BATCH")
     args = parser.parse_args()
     configs = args.config or [(torch.bfloat16, 32), (torch.float32, 64)]
@@ -41,7 +42,7 @@ def main() -> int:
     tokenizer = load_tokenizer(target_dir)
     eos = _eos_ids(target_dir, tokenizer)
     texts = chat_prompts(Split.TRAIN, args.prompts * 2, seed=0)
-    prompts = sorted([p for p in encode_user_turns(tokenizer, texts) if len(p) <= 160][: args.prompts], key=len)  # fmt: skip
+    prompts = sorted([p for p in encode_user_turns(tokenizer, texts) if len(p) <= args.max_prompt][: args.prompts], key=len)  # fmt: skip
     seq_len = max(map(len, prompts)) + args.max_answer
     print(f"command: {' '.join(sys.argv)}  (threads {torch.get_num_threads()})")
     base = None
