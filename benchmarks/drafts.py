@@ -50,9 +50,14 @@ def run_config(name: str, flags: list[str], prompts: list[list[int]], max_new: i
     tokens = sum(r["meta_info"]["completion_tokens"] for r in results)
     verifies = sum(r["meta_info"].get("spec_verify_ct", 0) for r in results)
     accepted = sum(r["meta_info"].get("spec_accept_length", 0) * r["meta_info"].get("spec_verify_ct", 0) for r in results)  # fmt: skip
+    stats = [r["meta_info"]["nanospec"][-1] for r in results if r["meta_info"].get("nanospec")]
+    covered = [s["coverage"] for s in stats if s.get("coverage") is not None]
+    rows = [s["lm_head_rows_mean"] for s in stats if s.get("lm_head_rows_mean") is not None]
     return {
         "config": name,
         "accept_length": accepted / verifies if verifies else None,
+        "coverage": sum(covered) / len(covered) if covered else None,
+        "head_rows": sum(rows) / len(rows) if rows else None,
         "tokens_per_s": tokens / elapsed,
         "outputs": [r["output_ids"] for r in results],
     }
@@ -68,6 +73,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="auto", help="server --dtype")
+    parser.add_argument("--prior-k", type=int, nargs="+", default=[0],
+                        help="hybrid vocabulary sizes for the dynamic modes (--nanospec-prior-k)")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not args.eagle and not args.standalone:
@@ -88,21 +95,26 @@ def main() -> int:
         for steps, topk, tokens in shapes:
             spec = speculative_flags(algorithm, path, steps, topk, tokens)
             for mode in args.modes:
-                name = f"{algorithm} {label} {steps},{topk},{tokens} {mode}"
-                flags = base + spec + ["--nanospec-mode", mode]
-                rows.append(run_config(name, flags, prompts, args.max_new_tokens))
-                print(json.dumps({k: v for k, v in rows[-1].items() if k != "outputs"}), flush=True)
+                for prior_k in args.prior_k if mode not in ("full", "static") else [0]:
+                    prior = f" prior {prior_k}" if prior_k else ""
+                    name = f"{algorithm} {label} {steps},{topk},{tokens} {mode}{prior}"
+                    flags = base + spec + ["--nanospec-mode", mode]
+                    flags += ["--nanospec-prior-k", str(prior_k)]
+                    rows.append(run_config(name, flags, prompts, args.max_new_tokens))
+                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "outputs"}), flush=True)  # fmt: skip
 
     plain = rows[0]
     print(f"command: {' '.join(sys.argv)}")
-    print(f"{'config':<48}{'accept':>8}{'tok/s':>8}{'vs plain':>10}  outputs equal to plain")
+    print(f"{'config':<60}{'accept':>8}{'cover':>7}{'rows':>8}{'tok/s':>8}{'vs plain':>10}  outputs equal to plain")  # fmt: skip
     for r in rows:
         accept = f"{r['accept_length']:.2f}" if r["accept_length"] else "-"
+        cover = f"{r['coverage']:.3f}" if r.get("coverage") is not None else "-"
+        head_rows = f"{r['head_rows']:.0f}" if r.get("head_rows") is not None else "-"
         # In bf16 a batched verify and a one-token decode can round a near-tie apart
         # (README, "Numerics"): a prompt may differ in any speculative config, full
         # included; with --dtype float32 every output equals plain decoding.
         same = sum(a == b for a, b in zip(r["outputs"], plain["outputs"], strict=True))
-        print(f"{r['config']:<48}{accept:>8}{r['tokens_per_s']:>8.2f}"
+        print(f"{r['config']:<60}{accept:>8}{cover:>7}{head_rows:>8}{r['tokens_per_s']:>8.2f}"
               f"{r['tokens_per_s'] / plain['tokens_per_s']:>9.2f}x  {same}/{len(prompts)}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps([{k: v for k, v in r.items() if k != "outputs"} for r in rows], indent=2))  # fmt: skip

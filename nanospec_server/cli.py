@@ -54,6 +54,9 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         "--nanospec-union-capacity", type=int, default=None,
         help="rows of the packed draft LM head shared by running requests; a step whose "
         "union exceeds it drafts without the tokens left out (default: 8 x W_cap + EOS)",
+        "--nanospec-prior-k", type=int, default=0,
+        help="hybrid vocabulary: also draft from the k most frequent tokens of a fixed "
+        "non-benchmark corpus (default 0: the paper's window only)",
     )  # fmt: skip
 
 
@@ -104,6 +107,7 @@ def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             k_pre=args.nanospec_k_pre,
             k_ver=args.nanospec_k_ver,
             union_capacity=args.nanospec_union_capacity,
+            prior_k=args.nanospec_prior_k,
         )
     except ValidationError as error:
         problems = "; ".join(

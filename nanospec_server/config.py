@@ -43,6 +43,9 @@ class NanoSpecConfig(BaseModel):
     union_capacity: int | None = Field(
         None, ge=1, description="rows of the packed draft head (default: 8 full windows)"
     )
+    # Hybrid vocabulary: I ∪ P, P = the prior_k most frequent tokens of a fixed corpus
+    # (models/prior.py), pinned like EOS; 0 is the paper's method.
+    prior_k: int = Field(0, ge=0, description="static prior tokens added to every active set")
 
     @model_validator(mode="after")
     def _w_max_fits(self) -> NanoSpecConfig:

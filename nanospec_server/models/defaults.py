@@ -5,6 +5,8 @@ from __future__ import annotations
 # Measured on a 2-core CPU: the 1.5B target drafted by the 0.5B (same tokenizer) with
 # NanoSpec accepts 2-3 tokens per verification. A CPU-trained EAGLE head was about as
 # fast but must be trained on first start (~47 min, 99 MB): README, "Quick start".
+# Issue 12 kept this choice: no new head was trained or measured against it, and the
+# hybrid prior (--nanospec-prior-k) stays 0 (models/heads/README.md says why).
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 

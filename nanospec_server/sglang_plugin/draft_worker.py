@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.runtime_context import get_parallel, get_spec
+from sglang.srt.runtime_context import get_parallel, get_serving, get_spec
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
@@ -73,9 +73,10 @@ def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
         vocab, slot_pool = build_vocab(worker, config)
         memory = vocab.memory_report()
         logger.info(
-            "nanospec: %s mode, W_max=%d (cap %d), K_pre=%d, K_ver=%d; device memory "
+            "nanospec: %s mode, W_max=%d (cap %d), K_pre=%d, K_ver=%d, prior %d; device memory "
             "%.1f MiB: %d window slots x %.2f MiB + union head of %d rows %.1f MiB",
             config.mode.value, config.w_max, config.w_cap, config.k_pre, config.k_ver,
+            config.prior_k,
             memory["total_bytes"] / 2**20, memory["slots"],
             memory["window_bytes_per_slot"] / 2**20, memory["union_capacity"],
             memory["union_bytes"] / 2**20,
@@ -106,22 +107,35 @@ def build_vocab(worker: EagleDraftWorker, config: NanoSpecConfig) -> tuple[Dynam
     max_running = max(int(target_runner.max_running_requests), 1)
     weight = worker.draft_runner.model.lm_head.weight.data
     vocab_size = weight.shape[0]
-    eos = sorted(target_runner.model_config.hf_eos_token_id or ())
+    eos = set(target_runner.model_config.hf_eos_token_id or ())
+    pinned = sorted(eos.union(_prior_tokens(config.prior_k)))  # P of the hybrid vocabulary
     capacity = config.union_capacity
     if capacity is not None:  # the CLI cannot know V: clamp to what the head can hold
-        capacity = max(min(capacity, vocab_size), len(eos))
+        capacity = max(min(capacity, vocab_size), len(pinned))
     vocab = DynamicVocab(
         weight,
         num_slots=max_running + 1,
         w_cap=config.w_cap,
         w_max=config.w_max,
-        always_active=eos,
+        always_active=pinned,
         max_batch=max_running,
         overlap=config.mode != Mode.SYNC,
         union_capacity=capacity,
     )
     pool_size = worker.req_to_token_pool.req_to_token.shape[0]
     return vocab, SlotPool(pool_size, max_running + 1, vocab.device)
+
+
+def _prior_tokens(k: int) -> list[int]:
+    if k == 0:
+        return []
+    from transformers import AutoTokenizer
+
+    from nanospec_server.models.prior import prior_token_ids
+
+    # The draft worker loads no tokenizer of its own; the target's is the one that counts.
+    tokenizer = AutoTokenizer.from_pretrained(get_serving().tokenizer_path)
+    return prior_token_ids(tokenizer, k)
 
 
 def _check_supported(worker: EagleDraftWorker, config: NanoSpecConfig) -> None:

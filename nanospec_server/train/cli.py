@@ -67,6 +67,14 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
     add("--lr", type=_positive_float, help="peak learning rate (default: the recipe's)")
     add("--cls-stride", type=_positive_int, help="LM-head loss on every N-th position")
     add("--cls-weight", type=_positive_float, help="weight of the LM-head loss (regression: 1)")
+    add("--unroll-steps", type=_positive_int,
+        help="training-time test: draft this many steps from every position (default: 1)")  # fmt: skip
+    add("--intermediate-size", type=_positive_int,
+        help="the head's MLP width (default: the target's); narrower heads are smaller")  # fmt: skip
+    add("--init-from-target", action="store_true", default=None,
+        help="start the head's decoder layer from the target's last one")  # fmt: skip
+    add("--init-head", help="continue training the head in this directory (e.g. a shipped one)")
+    add("--gen-batch", type=_positive_int, help="prompts answered together (default: the recipe's)")
     add(
         "--seed",
         type=int,
@@ -96,7 +104,9 @@ def run_train_command(args: argparse.Namespace) -> int:
         recipe_key(args.target),
         tokens=args.tokens, val_tokens=args.val_tokens, seq_len=args.seq_len,
         steps=args.steps, batch_rows=args.batch_rows, lr=args.lr, cls_stride=args.cls_stride,
-        cls_weight=args.cls_weight,
+        cls_weight=args.cls_weight, unroll_steps=args.unroll_steps,
+        intermediate_size=args.intermediate_size, init_from_target=args.init_from_target,
+        gen_batch=args.gen_batch, init_head=args.init_head,
     )  # fmt: skip
     request = TrainRequest(
         target=args.target, output=args.output, recipe=recipe, seed=args.seed,

@@ -65,6 +65,7 @@ def export_head(
         tensors["embed_tokens.weight"] = embed.detach().to("cpu", torch.bfloat16).contiguous()
     save_file(tensors, str(output / WEIGHTS), metadata={"format": "pt"})
     config = draft_config(target_config)
+    config["intermediate_size"] = head.cfg.intermediate_size  # a head may be narrower
     (output / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for name in TOKENIZER_FILES:
         if (target_dir / name).is_file():

@@ -31,7 +31,7 @@ from nanospec_server.models.chat import encode_user_turns
 from nanospec_server.train.distill import DistilledRows, generate_rows
 from nanospec_server.train.prompts import Split, chat_prompts
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 MANIFEST = "manifest.json"
 
 
@@ -46,6 +46,7 @@ class FeatureCacheSpec:
     seq_len: int
     seed: int
     gen_batch: int  # rows answered together (one batched forward per token)
+    dtype: str = "bfloat16"  # the target's while answering: its greedy answers depend on it
     rows_per_shard: int = 32
 
     @property

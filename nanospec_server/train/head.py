@@ -16,6 +16,7 @@ The parameter names equal the checkpoint names SGLang's ``load_weights`` reads
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -93,7 +94,10 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_out, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as [B, heads, L, head_dim], RoPE applied."""
         batch, length, _ = x.shape
         cfg = self.cfg
 
@@ -102,9 +106,20 @@ class Attention(nn.Module):
 
         q = apply_rope(heads(self.q_proj, cfg.num_heads), cos, sin)
         k = apply_rope(heads(self.k_proj, cfg.num_kv_heads), cos, sin)
-        v = heads(self.v_proj, cfg.num_kv_heads)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return q, k, heads(self.v_proj, cfg.num_kv_heads)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``mask`` [L_q, L_k] bool (True: attend); None: causal over equal lengths."""
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+        )
+        batch, _, length, _ = q.shape
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.attend(*self.project(x, cos, sin), mask=None)
 
 
 class MLP(nn.Module):
@@ -128,7 +143,10 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.self_attn(x, cos, sin)
+        return self.finish(x, self.self_attn(x, cos, sin))
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        h = x + attended
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -159,3 +177,66 @@ class EagleHead(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         return x
+
+    def unroll(
+        self, next_embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+        steps: int,
+    ) -> list[torch.Tensor]:  # fmt: skip
+        """Training-time test (EAGLE-3, HASS): the head drafting ``steps`` tokens in a row
+        from every position at once, as SGLang drafts them.
+
+        Step 0 is teacher forcing (``forward``). At step j, position i drafts from the
+        token t_{i+1} and the feature step j-1 predicted at position i-1, and attends to
+        what the draft's KV cache holds at that point of a real draft: the target's
+        features up to position i-j (step 0's keys) and its own j earlier guesses, one
+        per step on the diagonal (step s's key at position i-j+s). Returns each step's
+        predictions [B, L, d]; step j at position i predicts f_{i+1} from a draft that
+        started at i-j. Positions i < j have no such start: their values are garbage.
+        """
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        (layer,) = self.layers
+        length = features.shape[1]
+        query = torch.arange(length, device=features.device)[:, None]
+        key = torch.arange(length, device=features.device)[None, :]
+        keys, values, outputs = [], [], []
+        guess = features
+        for step in range(steps):
+            x = self.fc(torch.cat([next_embeds, guess], dim=-1))
+            q, k, v = layer.self_attn.project(x, cos, sin)
+            keys.append(k)
+            values.append(v)
+            # step 0's keys: the target's features at positions <= i - step (key 0 at
+            # least, so a row with no valid start still has something to attend to)
+            blocks = [key <= (query - step).clamp(min=0)]
+            blocks += [key == query - step + s for s in range(1, step + 1)]
+            mask = torch.cat(blocks, dim=1)
+            attended = layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+            out = layer.finish(x, attended)
+            outputs.append(out)
+            # the next step's feature at position i is this step's guess from i - 1
+            guess = torch.cat([features[:, :1], out[:, :-1]], dim=1)
+        return outputs
+
+
+def init_from_last_layer(head: EagleHead, target_dir, layer: int) -> None:
+    """Copy the target's decoder layer ``layer`` into the head's (fc stays random).
+
+    The head's layer maps the target's last states to the next ones, much as the target's
+    last layer does, so this starts nearer a solution than noise. A narrower MLP takes
+    the first ``intermediate_size`` channels.
+    """
+    from nanospec_server.train.target import find_tensor
+
+    with torch.no_grad():
+        for name, param in head.layers[0].named_parameters():
+            source = find_tensor(target_dir, [f"model.layers.{layer}.{name}"])
+            param.copy_(source[tuple(slice(0, size) for size in param.shape)].to(param.dtype))
+
+
+def load_head(head: EagleHead, head_dir: Path) -> None:
+    """The weights of an exported head (``export.py``); the shapes must match."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(head_dir / "model.safetensors"))
+    weights.pop("embed_tokens.weight", None)  # SGLang's copy of the target's, not trained
+    head.load_state_dict({name: value.float() for name, value in weights.items()})

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from nanospec_server.train.distill import DistilledRows
 from nanospec_server.train.head import EagleHead
-from nanospec_server.train.loss import LossWeights, eagle_loss
+from nanospec_server.train.loss import LossParts, LossWeights, eagle_loss
 from nanospec_server.train.precision import autocast
 from nanospec_server.train.schedule import cosine_lr
 from nanospec_server.train.target import SharedWeights
@@ -32,6 +32,10 @@ class LoopConfig:
     eval_every: int = 0  # 0: only at the start and the end
     bf16: bool = False  # bf16 autocast (see precision.py)
     loss: LossWeights = field(default_factory=LossWeights)
+    unroll_steps: int = 1  # training-time test: 1 is teacher forcing only (EAGLE-1)
+    unroll_decay: float = 0.8  # weight of step j: decay**j (EAGLE-3's choice)
+    accept_steps: int = 4  # chain length of the validation acceptance estimate
+    accept_stride: int = 4  # validation draft starts: every N-th answer position
 
 
 @dataclass
@@ -59,25 +63,93 @@ def _step_inputs(rows: DistilledRows, shared: SharedWeights, device):
     return next_embeds, features[:, :-1], features[:, 1:], positions, mask
 
 
+def started_at(mask: torch.Tensor, step: int) -> torch.Tensor:
+    """Positions i whose unrolled step ``step`` started at a trained position i - step."""
+    if step == 0:
+        return mask
+    shifted = torch.zeros_like(mask)
+    shifted[:, step:] = mask[:, :-step]
+    return mask & shifted
+
+
+def unrolled_loss(
+    head: EagleHead, inputs: tuple, shared: SharedWeights, cfg: LoopConfig, offset: int
+) -> LossParts:
+    """Teacher forcing (one step) or the training-time test's weighted sum over steps."""
+    embeds, features, targets, positions, mask = inputs
+    with autocast(cfg.bf16, features.device):
+        if cfg.unroll_steps == 1:
+            predicted = [head(embeds, features, positions)]
+        else:
+            predicted = head.unroll(embeds, features, positions, cfg.unroll_steps)
+    parts = [
+        eagle_loss(
+            out.to(targets.dtype), targets, started_at(mask, step), shared.lm_head, cfg.loss, offset
+        )
+        for step, out in enumerate(predicted)
+    ]
+    weights = [cfg.unroll_decay**step for step in range(len(parts))]
+    total = sum(w * p.total for w, p in zip(weights, parts, strict=True)) / sum(weights)
+    first = parts[0]
+    return LossParts(total, first.regression, first.classification, first.top1)
+
+
+def chain_acceptance(
+    head: EagleHead, inputs: tuple, shared: SharedWeights, cfg: LoopConfig
+) -> tuple[float, int]:
+    """Mean tokens per verification of a greedy chain draft of ``accept_steps`` tokens
+    started at every ``accept_stride``-th answer position: 1 (the target's own token)
+    plus the draft tokens accepted before the first miss.
+
+    Exact for a chain, up to rounding: the unrolled head is fed the true next tokens,
+    which are the drafted ones for as long as every earlier guess was right.
+    """
+    embeds, features, targets, positions, mask = inputs
+    steps = cfg.accept_steps
+    with autocast(cfg.bf16, features.device):
+        predicted = head.unroll(embeds, features, positions, steps)
+    starts = mask.nonzero()
+    starts = starts[starts[:, 1] % cfg.accept_stride == 0]
+    alive = torch.ones(len(starts), dtype=torch.bool, device=features.device)
+    accepted = torch.zeros(len(starts), device=features.device)
+    for step, out in enumerate(predicted):
+        row, col = starts[:, 0], starts[:, 1] + step
+        inside = col < mask.shape[1]
+        col = col.clamp(max=mask.shape[1] - 1)
+        inside &= mask[row, col]  # the row ended: nothing more to accept
+        head_rows = shared.lm_head
+        guess = (out[row, col].to(head_rows.dtype) @ head_rows.T).argmax(-1)
+        truth = (targets[row, col].to(head_rows.dtype) @ head_rows.T).argmax(-1)
+        alive &= inside & (guess == truth)
+        accepted += alive.float()
+    return 1.0 + float(accepted.mean()) if len(starts) else 1.0, len(starts)
+
+
 @torch.no_grad()
 def evaluate(head, rows: DistilledRows, shared, cfg: LoopConfig, device) -> dict:
     head.eval()
     totals = {"regression": 0.0, "top1": 0.0}
-    batches = 0
+    batches = accept_sum = accept_count = 0
     # Every position counts for validation top-1 (stride 1), not just the sampled ones.
     weights = LossWeights(cfg.loss.regression, cfg.loss.classification, cls_stride=1)
     for start in range(0, len(rows.input_ids), cfg.batch_rows):
-        embeds, features, targets, positions, mask = _step_inputs(
-            rows.select(slice(start, start + cfg.batch_rows)), shared, device
-        )
+        inputs = _step_inputs(rows.select(slice(start, start + cfg.batch_rows)), shared, device)
+        embeds, features, targets, positions, mask = inputs
         with autocast(cfg.bf16, device):
             predicted = head(embeds, features, positions).float()
         parts = eagle_loss(predicted, targets, mask, shared.lm_head, weights)
         totals["regression"] += parts.regression
         totals["top1"] += parts.top1
         batches += 1
+        if cfg.accept_steps:
+            accept, count = chain_acceptance(head, inputs, shared, cfg)
+            accept_sum += accept * count
+            accept_count += count
     head.train()
-    return {key: value / max(1, batches) for key, value in totals.items()}
+    result = {key: value / max(1, batches) for key, value in totals.items()}
+    if accept_count:
+        result[f"chain{cfg.accept_steps}_acceptance"] = accept_sum / accept_count
+    return result
 
 
 def train(
@@ -106,14 +178,10 @@ def train(
         cursor += cfg.batch_rows
         for group in optimizer.param_groups:
             group["lr"] = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup_steps)
-        embeds, features, targets, positions, mask = _step_inputs(
-            train_rows.select(batch), shared, device
-        )
-        trained_tokens += int(mask.sum())
-        with autocast(cfg.bf16, device):
-            predicted = head(embeds, features, positions).float()
+        inputs = _step_inputs(train_rows.select(batch), shared, device)
+        trained_tokens += int(inputs[-1].sum())
         offset = step % cfg.loss.cls_stride  # rotate the sampled positions across steps
-        parts = eagle_loss(predicted, targets, mask, shared.lm_head, cfg.loss, offset)
+        parts = unrolled_loss(head, inputs, shared, cfg, offset)
         if not math.isfinite(parts.total.item()):
             raise FloatingPointError(f"loss is {parts.total.item()} at step {step}")
         optimizer.zero_grad(set_to_none=True)

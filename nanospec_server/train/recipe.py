@@ -29,6 +29,14 @@ class Recipe:
     cls_stride: int
     cls_weight: float = 0.1  # EAGLE-1's ratio to the regression loss
     gen_batch: int = 32  # prompts answered together while collecting features
+    # The target's dtype while answering; auto: fp32 on a CPU, bf16 on CUDA. On this
+    # 2-core EPYC fp32 answered 2.06x the answer tokens per minute of bf16, same prompts
+    # side by side (benchmarks/answers.py; torch's CPU bf16 matmuls are slower here).
+    answer_dtype: str = "auto"
+    unroll_steps: int = 1  # training-time test steps (1: teacher forcing only)
+    intermediate_size: int | None = None  # the head's MLP width (None: the target's)
+    init_from_target: bool = False  # start the layer from the target's last decoder layer
+    init_head: str | None = None  # continue training this head directory (same shapes)
 
 
 # Small enough for any target; what unknown models and the tiny test models get.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -20,7 +20,7 @@ from nanospec_server.train.features import (
     check_size,
     load_cache,
 )
-from nanospec_server.train.head import EagleHead, HeadConfig
+from nanospec_server.train.head import EagleHead, HeadConfig, init_from_last_layer, load_head
 from nanospec_server.train.loop import LoopConfig, LoopResult, train
 from nanospec_server.train.loss import LossWeights
 from nanospec_server.train.precision import use_bf16
@@ -69,19 +69,28 @@ def _eos_ids(target_dir: Path, tokenizer) -> set[int]:
     return ids
 
 
+def answer_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 on CUDA, fp32 on a CPU (faster there, see recipe.py)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
 def _feature_caches(request: TrainRequest, target_dir: Path, hidden_size: int, device) -> tuple:
     recipe = request.recipe
     root = request.cache_dir or cache_root() / "train-features"
+    dtype = answer_dtype(recipe.answer_dtype, device)
     specs = {
         split: FeatureCacheSpec(split, max(1, tokens // recipe.seq_len), recipe.seq_len,
-                                request.seed, gen_batch=recipe.gen_batch)
+                                request.seed, gen_batch=recipe.gen_batch,
+                                dtype=str(dtype).removeprefix("torch."))
         for split, tokens in ((Split.TRAIN, recipe.tokens), (Split.VAL, recipe.val_tokens))
     }  # fmt: skip
     rows = sum(spec.rows for spec in specs.values())
     check_size(rows, recipe.seq_len, hidden_size, int(request.max_cache_gb * 1e9))
     dirs = {split: cache_dir_for(root, target_dir, spec) for split, spec in specs.items()}
     if not all((d / "manifest.json").is_file() for d in dirs.values()):
-        target = load_target(target_dir, device)
+        target = load_target(target_dir, device, dtype)
         tokenizer = load_tokenizer(target_dir)
         eos_ids = _eos_ids(target_dir, tokenizer)
         for split in (Split.VAL, Split.TRAIN):  # validation first: a quick sanity check
@@ -99,6 +108,8 @@ def train_eagle(request: TrainRequest) -> TrainReport:
     target_config = read_config(target_dir)
     eagle_architecture(target_config)  # fail before the slow part on unsupported targets
     head_config = HeadConfig.from_target(target_config)
+    if request.recipe.intermediate_size:
+        head_config = replace(head_config, intermediate_size=request.recipe.intermediate_size)
 
     started = time.monotonic()
     train_rows, val_rows = _feature_caches(request, target_dir, head_config.hidden_size, device)
@@ -110,6 +121,10 @@ def train_eagle(request: TrainRequest) -> TrainReport:
     generator = torch.Generator().manual_seed(request.seed)
     head = EagleHead(head_config)
     head.reset_parameters(generator)
+    if request.recipe.init_from_target:
+        init_from_last_layer(head, target_dir, target_config["num_hidden_layers"] - 1)
+    if request.recipe.init_head:
+        load_head(head, Path(request.recipe.init_head))
     head.to(device)
     recipe = request.recipe
     loop_config = LoopConfig(
@@ -120,6 +135,7 @@ def train_eagle(request: TrainRequest) -> TrainReport:
         eval_every=max(0, recipe.steps // 4),
         loss=LossWeights(classification=recipe.cls_weight, cls_stride=recipe.cls_stride),
         bf16=bf16,
+        unroll_steps=recipe.unroll_steps,
     )
     result = train(head, train_rows, val_rows, shared, loop_config, device, generator)
 

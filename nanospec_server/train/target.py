@@ -58,7 +58,7 @@ class SharedWeights:
     lm_head: torch.Tensor  # [vocab, hidden]
 
 
-def _find_tensor(model_dir: Path, names: list[str]) -> torch.Tensor:
+def find_tensor(model_dir: Path, names: list[str]) -> torch.Tensor:
     for file in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
             for name in names:
@@ -69,19 +69,19 @@ def _find_tensor(model_dir: Path, names: list[str]) -> torch.Tensor:
 
 def load_shared_weights(model_dir: Path, dtype: torch.dtype, device: torch.device) -> SharedWeights:
     config = read_config(model_dir)
-    embed = _find_tensor(model_dir, ["model.embed_tokens.weight"])
+    embed = find_tensor(model_dir, ["model.embed_tokens.weight"])
     if config.get("tie_word_embeddings"):
         head = embed
     else:
-        head = _find_tensor(model_dir, ["lm_head.weight"])
+        head = find_tensor(model_dir, ["lm_head.weight"])
     return SharedWeights(embed.to(device, dtype), head.to(device, dtype))
 
 
-def load_target(model_dir: Path, device: torch.device):
-    """The HF model in bf16, eval mode, no gradients (it only produces features)."""
+def load_target(model_dir: Path, device: torch.device, dtype: torch.dtype = torch.bfloat16):
+    """The HF model, eval mode, no gradients (it only produces features)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model.requires_grad_(False)
     return model.eval().to(device)
 
