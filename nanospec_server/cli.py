@@ -54,6 +54,8 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         "--nanospec-union-capacity", type=int, default=None,
         help="rows of the packed draft LM head shared by running requests; a step whose "
         "union exceeds it drafts without the tokens left out (default: 8 x W_cap + EOS)",
+    )  # fmt: skip
+    nanospec.add_argument(
         "--nanospec-prior-k", type=int, default=0,
         help="hybrid vocabulary: also draft from the k most frequent tokens of a fixed "
         "non-benchmark corpus (default 0: the paper's window only)",
