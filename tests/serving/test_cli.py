@@ -42,7 +42,9 @@ def test_tiny_default_serves_text_and_chat(tmp_path) -> None:
         reply = requests.post(f"{url}/v1/chat/completions", json=chat, timeout=120).json()
         assert reply["usage"]["completion_tokens"] >= 1
         config = requests.get(f"{url}/nanospec/config", timeout=30).json()
-        assert config == {"mode": "nanospec", "w_max": 3072, "w_cap": 3072, "k_pre": 3, "k_ver": 3}
+        launched = {"mode": "nanospec", "w_max": 3072, "w_cap": 3072, "k_pre": 3, "k_ver": 3}
+        assert {key: config[key] for key in launched} == launched
+        assert config["prior_k"] == 0 and config["union_capacity"] is None  # the defaults
         bad = requests.post(f"{url}/generate", json={"input_ids": [10**9]}, timeout=60)
         assert 400 <= bad.status_code < 500
         # the bad request did not take the server down
