@@ -26,7 +26,10 @@ def hybrid_scenarios(draw):
     eos = draw(st.lists(st.integers(0, vocab_size - 1), max_size=2, unique=True))
     pinned = sorted(set(eos) | set(ranking[:prior_k]))
     ops = draw(st.lists(operation(w_cap), min_size=1, max_size=25))
-    return vocab_size, distinct, w_cap, w_max, pinned, ops
+    # None: the default buffer; else often too small for the windows next to a large P.
+    most = min(vocab_size, len(pinned) + 2 * w_cap)
+    capacity = draw(st.one_of(st.none(), st.integers(len(pinned), most)))
+    return vocab_size, distinct, w_cap, w_max, pinned, capacity, ops
 
 
 @settings(max_examples=100, deadline=None)
