@@ -55,6 +55,19 @@ def packed_logits_reads_live_rows_only(rows: Tensor) -> bool:
     return _triton_for(rows) is not None
 
 
+def packed_topk(
+    hidden: Tensor, rows: Tensor, count: Tensor, ids: Tensor, in_set: Tensor,
+    row_slots: Tensor, num_pinned: int, k: int,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Top-k packed rows of each hidden row's active vocabulary and its log-sum-exp
+    (semantics: ``reference.packed_topk``). Where Triton runs, one fused GEMM + running
+    top-k that reads only the row tiles below the device-side ``count``."""
+    args = (hidden, rows, count, ids, in_set, row_slots, num_pinned, k)
+    if (tri := _triton_for(rows)) is not None:
+        return tri.packed_topk(*args)
+    return reference.packed_topk(*args)
+
+
 def window_refresh(
     ring: Tensor, length: Tensor, last_pos: Tensor, members: Tensor, in_set: Tensor,
     slots: Tensor, w_max: int,
@@ -64,6 +77,20 @@ def window_refresh(
     if (tri := _triton_for(ring)) is None:
         return None
     return tri.window_refresh(ring, length, last_pos, members, in_set, slots, w_max)
+
+
+def union_apply(
+    compact: tuple[Tensor, Tensor, Tensor], ref: Tensor, owner: Tensor, row_of: Tensor,
+    ids: Tensor, row_token_ids: Tensor, count: Tensor, dropped: Tensor, overflows: Tensor,
+    buf: Tensor, weight: Tensor,
+) -> bool:  # fmt: skip
+    """UnionHead.apply fused (bookkeeping in one launch, row copies in another) where
+    Triton runs; False elsewhere (the caller runs its torch reference)."""
+    if (tri := _triton_for(buf)) is None:
+        return False
+    state = (ref, owner, row_of, ids, row_token_ids, count, dropped, overflows, buf, weight)
+    tri.union_apply(*compact, *state)
+    return True
 
 
 def cpu_vocab_kernels(window, head):
@@ -79,6 +106,8 @@ __all__ = [
     "window_append",
     "packed_logits",
     "packed_logits_reads_live_rows_only",
+    "packed_topk",
     "window_refresh",
+    "union_apply",
     "cpu_vocab_kernels",
 ]

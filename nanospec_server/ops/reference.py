@@ -53,3 +53,35 @@ def packed_logits(hidden: Tensor, rows: Tensor, count: Tensor) -> Tensor:
     logits = (hidden.to(rows.dtype) @ rows.T).float()
     dead = torch.arange(rows.shape[0], device=rows.device) >= count
     return logits.masked_fill(dead, float("-inf"))
+
+
+def packed_topk(
+    hidden: Tensor,
+    rows: Tensor,
+    count: Tensor,
+    ids: Tensor,
+    in_set: Tensor,
+    row_slots: Tensor,
+    num_pinned: int,
+    k: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The k best packed rows of each hidden row's active vocabulary, and its log-sum-exp.
+
+    Logits are ``hidden [N, d] @ rows[r]`` in float32. Row r is allowed for hidden row n
+    when ``r < count``, ``ids[r] >= 0`` and either r is pinned (``r < num_pinned``) or
+    ``in_set[row_slots[n], ids[r]]``. Returns (top logits [N, k], packed rows [N, k],
+    log-sum-exp [N]): the allowed entries ordered by logit, descending, ties broken by the
+    lowest row (a stable sort). Where fewer than k rows are allowed the tail holds -inf
+    with some valid row (unspecified); a row with none has log-sum-exp -inf.
+    """
+    logits = hidden.to(rows.dtype).float() @ rows.float().T
+    r = torch.arange(rows.shape[0], device=rows.device)
+    tokens = ids[: rows.shape[0]]
+    member = in_set[row_slots.to(torch.int64).unsqueeze(1), tokens.clamp(min=0)]
+    allowed = (r < count) & (tokens >= 0) & ((r < num_pinned) | member)
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    if logits.shape[1] < k:  # fewer rows than k: pad with impossible entries (row 0)
+        logits = torch.nn.functional.pad(logits, (0, k - logits.shape[1]), value=float("-inf"))
+    values, order = torch.sort(logits, dim=1, descending=True, stable=True)
+    top_rows = torch.where(order[:, :k] < rows.shape[0], order[:, :k], 0)
+    return values[:, :k], top_rows, torch.logsumexp(logits, dim=1)

@@ -90,10 +90,10 @@ class DynamicVocab:
         slots = slots.to(self.device, torch.int64).contiguous()
         if self._cpu is not None:
             self.head.record_dropped(self._cpu.refresh(slots, self.w_max, release=True))
+            torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
         else:
-            self.head.apply(self.window.release(slots))
+            self.head.apply(self.window.release(slots), self.row_token_ids)
         self.window.reset(slots)
-        torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
 
     def append(self, slots: Tensor, tokens: Tensor, valid: Tensor | None = None) -> None:
         self._wait_for_refresh()
@@ -124,37 +124,51 @@ class DynamicVocab:
         if self._side_stream is None:
             if self._cpu is not None:
                 self.head.record_dropped(self._cpu.refresh(slots, self.w_max))
+                torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
             else:
-                self.head.apply(self.window.refresh(slots, self.w_max))
-            torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
+                self.head.apply(self.window.refresh(slots, self.w_max), self.row_token_ids)
             return
         caller = torch.cuda.current_stream(self.device)
         self._side_stream.wait_stream(caller)
         with torch.cuda.stream(self._side_stream):
-            self.head.apply(self.window.refresh(slots, self.w_max))
-            torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
+            self.head.apply(self.window.refresh(slots, self.w_max), self.row_token_ids)
             self._refreshed.record(self._side_stream)
         if not torch.cuda.is_current_stream_capturing():  # a graph keeps its inputs alive
             slots.record_stream(self._side_stream)
 
     def topk(self, hidden: Tensor, row_slots: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """Top-k of softmax over each row's active vocabulary: (probs [N, k], global ids)."""
+        probs, rows = self.packed_topk(hidden, row_slots, k)
+        return probs, self.row_token_ids[rows]
+
+    def packed_topk(self, hidden: Tensor, row_slots: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """Top-k of softmax over each row's active vocabulary: (probs [N, k], packed rows
+        [N, k]; ``row_token_ids`` maps them to token ids). Ties go to the lowest packed row.
+        Rows with fewer than k active tokens get extra entries with probability 0 and a
+        valid (arbitrary) row; a row with none (the padding slot) gets all zeros.
+
+        On CUDA one fused kernel multiplies, masks and selects over the row tiles below the
+        device-side count only, with fixed shapes (graphs); no [N, capacity] logits exist.
+        """
         self._wait_for_refresh()
         head = self.head
-        # CPU: slice to the live rows (reading the count is free there). CUDA: fixed shapes
-        # for graphs; the Triton kernel skips the rows past the count on the device.
-        rows = head.capacity if self.static_shapes else int(head.count)
-        buf, ids = head.buf[:rows], head.ids[:rows]
-        logits = self.packed_logits(hidden, buf)
-        logits = logits.masked_fill(~self._allowed(ids, row_slots), float("-inf"))
-        if rows < k:  # fewer rows than k: pad with impossible entries
-            logits = torch.nn.functional.pad(logits, (0, k - rows), value=float("-inf"))
-            ids = torch.nn.functional.pad(ids, (0, k - rows), value=-1)
-        # A row with no active token at all (e.g. the padding slot) gets all-zero probs.
-        probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)
-        top_probs, top_rows = probs.topk(k, dim=-1)
-        # Impossible entries may land on free rows (id -1): any valid id will do, prob 0.
-        return top_probs, ids[top_rows].clamp(min=0)
+        # CPU: slice to the live rows (reading the count is free there). CUDA: fixed shapes.
+        live = head.capacity if self.static_shapes else int(head.count)
+        buf = head.buf[:live]
+        slots = row_slots.to(self.device, torch.int64)
+        values, rows, lse = ops.packed_topk(
+            hidden, buf, head.count, head.ids, self.window.in_set, slots, head.num_pinned, k
+        )
+        self._note_rows_read(buf)
+        # exp(-inf - lse) = 0 for missing entries; a row without any active token has
+        # lse = -inf and gives NaN there, which means probability 0 as well.
+        return torch.exp(values - lse.unsqueeze(1)).nan_to_num(0.0), rows
+
+    @property
+    def fuses_topk(self) -> bool:
+        """Whether ``packed_topk`` runs the fused kernel over fixed shapes (the CUDA path;
+        CPU tensors too under TRITON_INTERPRET=1), so callers may skip full-width logits."""
+        return self.static_shapes and ops.packed_logits_reads_live_rows_only(self.head.buf)
 
     def packed_rows(self, min_rows: int = 1) -> tuple[Tensor, Tensor]:
         """The packed head rows to multiply by, and their token ids (-1: free row).
@@ -175,9 +189,12 @@ class DynamicVocab:
         kernel reads only the rows below the device-side count, so a fixed-shape (graph)
         caller multiplies the live union, not the capacity."""
         logits = ops.packed_logits(hidden, rows, self.head.count)
+        self._note_rows_read(rows)
+        return logits
+
+    def _note_rows_read(self, rows: Tensor) -> None:
         live_only = not self.static_shapes or ops.packed_logits_reads_live_rows_only(rows)
         self._rows_read = self.head.count.clone() if live_only else len(rows)
-        return logits
 
     def mask_logits_(self, logits: Tensor, row_slots: Tensor) -> Tensor:
         """In place: -inf wherever a packed row is not in that logits row's active set."""

@@ -76,7 +76,20 @@ class UnionHead:
         self.owner[tokens] = 2**62
         return first
 
-    def apply(self, diff: WindowDiff) -> None:
+    def apply(self, diff: WindowDiff, row_token_ids: Tensor) -> None:
+        """Apply a batch of window diffs; ``row_token_ids`` (ids clamped at 0) follows.
+
+        With a compact diff (the fused window refresh) one Triton kernel does the
+        bookkeeping, visiting only the changed tokens; ``apply_reference`` is its torch
+        reference and the path elsewhere."""
+        state = (self.ref, self.owner, self.row_of, self.ids, row_token_ids, self.count)
+        state += (self.dropped, self.overflows, self.buf, self.weight)
+        if diff.compact is not None and ops.union_apply(diff.compact, *state):
+            return
+        self.apply_reference(diff)
+        torch.clamp(self.ids, min=0, out=row_token_ids)
+
+    def apply_reference(self, diff: WindowDiff) -> None:
         dump_row, dump_token = self.capacity, self.vocab_size
         tokens = torch.cat([diff.enter_tokens.flatten(), diff.leave_tokens.flatten()])
         delta = torch.cat([diff.enter.flatten().int(), -diff.leave.flatten().int()])

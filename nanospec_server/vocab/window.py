@@ -41,6 +41,9 @@ class WindowDiff:
     enter: Tensor  # [B, W_cap] bool
     leave_tokens: Tensor  # [B, W_cap] int64
     leave: Tensor  # [B, W_cap] bool
+    # The same changes compacted (fused refresh only): enter_list, leave_list [B, W_cap]
+    # with each row's tokens first, in mask order, and their lengths [B, 2] (enter, leave).
+    compact: tuple[Tensor, Tensor, Tensor] | None = None
 
 
 class WindowState:
@@ -120,8 +123,9 @@ class WindowState:
     def refresh(self, slots: Tensor, w_max: int) -> WindowDiff:
         """Bring ``members``/``in_set`` of these slots to their current windows.
 
-        On CUDA one Triton kernel does it (``ops.window_refresh``); the torch code below
-        is its reference, and the path elsewhere."""
+        On CUDA one Triton kernel does it (``ops.window_refresh``), also emitting the
+        compact diff the union kernel reads; the torch code below is its reference, and
+        the path elsewhere."""
         state = (self.ring, self.length, self.last_pos, self.members, self.in_set)
         if (fused := ops.window_refresh(*state, slots, w_max)) is not None:
             return WindowDiff(slots, *fused)

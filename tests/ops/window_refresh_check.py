@@ -9,6 +9,20 @@ from nanospec_server.ops import triton_kernels
 from nanospec_server.vocab.window import WindowState
 
 
+def check_compact(compact, want) -> None:
+    """The compact lists hold each row's masked tokens, in mask order."""
+    enter_list, leave_list, lengths = (t.cpu() for t in compact)
+    masks = (
+        (want.enter_tokens, want.enter, enter_list, 0),
+        (want.leave_tokens, want.leave, leave_list, 1),
+    )
+    for tokens, mask, listed, column in masks:
+        for b in range(len(mask)):
+            expected = tokens[b][mask[b]].cpu()
+            assert int(lengths[b, column]) == len(expected)
+            assert torch.equal(listed[b, : len(expected)], expected)
+
+
 def run(device: str, seeds: range) -> None:
     changes = 0
     for seed in seeds:
@@ -28,8 +42,9 @@ def run(device: str, seeds: range) -> None:
             for window in (fused, torch_path):
                 window.append(slots.to(device), tokens.to(device), valid.to(device))
             state = (fused.ring, fused.length, fused.last_pos, fused.members, fused.in_set)
-            got = triton_kernels.window_refresh(*state, slots.to(device), w_max)
+            *got, compact = triton_kernels.window_refresh(*state, slots.to(device), w_max)
             want = torch_path.refresh_reference(slots.to(device), w_max)
+            check_compact(compact, want)
             expected = (want.enter_tokens, want.enter, want.leave_tokens, want.leave)
             for name, a, b in zip(
                 ("enter_tokens", "enter", "leave_tokens", "leave"), got, expected, strict=True
