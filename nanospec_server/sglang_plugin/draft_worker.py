@@ -8,6 +8,7 @@ methods change; everything else is SGLang's own code path.
 from __future__ import annotations
 
 import logging
+import os
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.runtime_context import get_parallel, get_serving, get_spec
@@ -121,6 +122,9 @@ def build_vocab(worker: EagleDraftWorker, config: NanoSpecConfig) -> tuple[Dynam
         max_batch=max_running,
         overlap=config.mode != Mode.SYNC,
         union_capacity=capacity,
+        # Fixed shapes (CUDA graphs) on CUDA; NANOSPEC_STATIC_SHAPES=1 forces them on CPU
+        # too, where with TRITON_INTERPRET=1 the CUDA path's kernels serve (tests).
+        static_shapes=True if os.environ.get("NANOSPEC_STATIC_SHAPES") == "1" else None,
     )
     pool_size = worker.req_to_token_pool.req_to_token.shape[0]
     return vocab, SlotPool(pool_size, max_running + 1, vocab.device)

@@ -133,5 +133,8 @@ class PackedHeadLogitsProcessor(nn.Module):
         return fused
 
 
-# NANOSPEC_FUSED_TOPK=0 keeps SGLang's own softmax + top-k over full-width logits.
-FUSED_TOPK_ENABLED = os.environ.get("NANOSPEC_FUSED_TOPK", "1") != "0"
+# NANOSPEC_FUSED_TOPK=0 keeps SGLang's own softmax + top-k over full-width logits. So does
+# SGLang's async index assertion, which checks draft ids against the logits' width (2k).
+FUSED_TOPK_ENABLED = os.environ.get("NANOSPEC_FUSED_TOPK", "1") != "0" and os.environ.get(
+    "SGLANG_ENABLE_ASYNC_ASSERT", ""
+).lower() not in ("1", "true")
