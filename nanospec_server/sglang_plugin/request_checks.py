@@ -1,5 +1,7 @@
-"""Refuse bad requests before they reach the scheduler: BEFORE hooks on the tokenizer
-manager's per-request validation, whose ValueError SGLang answers with a 400.
+"""Refuse bad requests before they reach the scheduler, with a 400 naming the field.
+
+BEFORE hooks on the tokenizer manager's per-request validation, whose ValueError SGLang
+answers with a 400.
 
 SGLang 0.5.23 passes raw `input_ids` to the model unchecked: an id outside the vocabulary
 makes the embedding lookup raise inside the scheduler, which takes the whole server (and

@@ -22,9 +22,12 @@ EOS_PINNED = 1  # the tiny models' EOS, active in every set
 PROMPT = make_prompts(count=4, seed=23, max_len=80)[-1]  # 81 tokens, many distinct
 
 
-def generate_own(url: str, prompt: list[int], max_new: int, w_max, **body) -> requests.Response:
-    params = {"temperature": 0.0, "max_new_tokens": max_new, "custom_params": {"w_max": w_max}}
-    body = {"input_ids": prompt, "sampling_params": params, **body}
+def generate_own(
+    url: str, prompt: list[int], max_new: int, w_max, rid: str | None = None, **sampling
+) -> requests.Response:
+    params = {"temperature": 0.0, "max_new_tokens": max_new, **sampling}
+    params["custom_params"] = {"w_max": w_max}
+    body = {"input_ids": prompt, "sampling_params": params} | ({"rid": rid} if rid else {})
     return requests.post(f"{url}/generate", json=body, timeout=300)
 
 
@@ -59,7 +62,9 @@ def test_own_w_max_holds_over_a_live_change_that_reaches_the_others(server: Serv
     rid = "own-w-max-long"
     done: dict = {}
     long_request = threading.Thread(
-        target=lambda: done.update(generate_own(server.url, PROMPT, 300, 16, rid=rid).json())
+        target=lambda: done.update(
+            generate_own(server.url, PROMPT, 300, 16, rid=rid, ignore_eos=True).json()
+        )
     )
     long_request.start()
     try:
@@ -75,7 +80,7 @@ def test_own_w_max_holds_over_a_live_change_that_reaches_the_others(server: Serv
         long_request.join()
     meta = done["meta_info"]["nanospec"][-1]
     assert meta["w_max"] == 16 and meta["active_vocab_max"] <= 16 + EOS_PINNED
-    assert done["output_ids"] == generate(server.url, PROMPT, 300)["output_ids"]
+    assert done["output_ids"] == generate(server.url, PROMPT, 300, ignore_eos=True)["output_ids"]
 
 
 def wait_running(server: Server, rid: str, timeout_s: float = 120) -> dict:
@@ -84,6 +89,7 @@ def wait_running(server: Server, rid: str, timeout_s: float = 120) -> dict:
         for found in server.stats(state="running")["requests"]:
             if found["rid"] == rid and found["draft_steps"] > 0:
                 return found
+        time.sleep(0.05)
     raise AssertionError(f"request {rid} never showed up running")
 
 
@@ -116,8 +122,8 @@ def test_bad_overrides_are_400_naming_the_field_and_neighbours_are_untouched(
     alone = generate(server.url, PROMPT, 24)["output_ids"]
     with ThreadPoolExecutor(len(BAD_OVERRIDES) + 1) as pool:
         good = pool.submit(generate_own, server.url, PROMPT, 24, 5)
-        bad = [pool.map(lambda case: generate_own(server.url, PROMPT, 8, case[0]), BAD_OVERRIDES)]
-        for (value, message), response in zip(BAD_OVERRIDES, bad[0], strict=True):
+        bad = pool.map(lambda case: generate_own(server.url, PROMPT, 8, case[0]), BAD_OVERRIDES)
+        for (value, message), response in zip(BAD_OVERRIDES, bad, strict=True):
             assert response.status_code == 400, (value, response.text)
             assert "custom_params.w_max" in response.text and message in response.text, (
                 value,
