@@ -61,13 +61,18 @@ def change_w_max(server: Server, stop: threading.Event, applied: list[int]) -> N
 
 def test_live_changes_under_load_are_lossless(server: Server, tmp_path: Path) -> None:
     expected = plain_outputs(tmp_path)
-    before = server.stats()["aggregates"]
+    stats_before = server.stats()
+    before = stats_before["aggregates"]
     stop, applied = threading.Event(), []
     changer = threading.Thread(target=change_w_max, args=(server, stop, applied))
     changer.start()
-    results = generate_mixed(server.url)
-    stop.set()
-    changer.join()
+    try:
+        results = generate_mixed(server.url)
+    finally:
+        stop.set()
+        changer.join()
+        # the server is shared by tests/admin: leave the live W_max as it was found
+        server.settings(ADMIN, w_max=stats_before["settings"]["w_max"])
     assert applied == list(itertools.islice(itertools.cycle(W_MAX_VALUES), CHANGES))
 
     for prompt, want, got in zip(PROMPTS, expected, results, strict=True):
