@@ -36,6 +36,7 @@ ANALYSES = {
                     "static_ks": [32768, 16384, 8192, 4096, 2048, 1024, 512]},
     "wmax": {"modes": ["full", "nanospec"], "w_maxes": [256, 512, 1024, 2048, 3072, 4096, 8192]},
     "ablation": {"modes": ["full", "nanospec", "ctx-only", "ext-only", "sync"]},
+    "prior": {"modes": ["full", "nanospec"], "prior_ks": [0, 512, 2048, 8192]},
 }  # fmt: skip
 
 
@@ -48,6 +49,7 @@ class BenchSettings:
     modes: list[str] = field(default_factory=lambda: list(ANALYSES["main"]["modes"]))
     static_ks: list[int] = field(default_factory=lambda: [32768])
     w_maxes: list[int] = field(default_factory=lambda: [DEFAULT_W_MAX])
+    prior_ks: list[int] = field(default_factory=lambda: [0])  # hybrid vocabulary sizes
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
     limit_per_task: int | None = 2
     seed: int = 0
@@ -106,7 +108,7 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
         corpus = [Path(p) for p in settings.token_map_corpus] or default_token_map_corpus()
         token_maps = build_token_maps(target, settings.static_ks, vocab_size, run_dir, corpus)
     configs = build_configs(
-        drafts, settings.modes, settings.static_ks, settings.w_maxes, token_maps
+        drafts, settings.modes, settings.static_ks, settings.w_maxes, token_maps, settings.prior_ks
     )
     references = {c.name: full_vocab_reference(configs, c) for c in configs}
     anchors = [AR] + [n for n in dict.fromkeys(references.values()) if n]
