@@ -69,7 +69,8 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--target", help="target model: registry name or directory")
     run.add_argument("--standalone", nargs="*", help="STANDALONE draft models (names or dirs)")
     run.add_argument("--eagle", nargs="*", help="EAGLE head directories")
-    run.add_argument("--shape", type=_shape, help="draft tree STEPS,TOPK,TOKENS (default 4,1,5)")
+    run.add_argument("--shape", nargs="+", type=_shape,
+                     help="draft tree STEPS,TOPK,TOKENS, one or more (default 4,1,5)")  # fmt: skip
     run.add_argument(
         "--modes", nargs="+", choices=MODES, help="draft modes (default: the preset's)"
     )
@@ -124,7 +125,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
             quick.pop("modes")
         values |= quick
     given = {"target": args.target, "standalone": args.standalone, "eagle": args.eagle,
-             "shape": args.shape, "modes": args.modes, "static_ks": args.static_k,
+             "shapes": args.shape, "modes": args.modes, "static_ks": args.static_k,
              "w_maxes": args.w_max, "prior_ks": args.prior_k, "tasks": args.tasks, "specbench": args.specbench,
              "limit_per_task": args.limit_per_task, "seed": args.seed, "repeats": args.repeats,
              "concurrency": args.concurrency, "max_new_tokens": args.max_new_tokens,

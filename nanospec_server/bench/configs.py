@@ -5,7 +5,8 @@ only in speculation: plain decoding (``ar``), a draft (EAGLE head or STANDALONE 
 with the full vocabulary, FR-Spec static top-k, NanoSpec, and the paper's ablations.
 Names read ``<draft>-<mode>[-<size>]``: ``standalone-static-32k``, ``eagle-nanospec-w512``;
 the hybrid vocabulary (window plus a static prior of k tokens, ``--nanospec-prior-k``)
-adds ``-p<k>``: ``standalone-nanospec-p2048``.
+adds ``-p<k>``: ``standalone-nanospec-p2048``. Several drafts of one kind are numbered
+(``eagle2-full``), several tree shapes tagged (``eagle_4x4x8-full``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,24 @@ class Draft:
     steps: int = 4
     topk: int = 1
     tokens: int = 5
+    tag: str = ""  # tells drafts of one kind apart in names (no "-": names split on it)
 
     @property
     def label(self) -> str:
-        return self.algorithm.lower()
+        return self.algorithm.lower() + self.tag
+
+
+def drafts_for(
+    algorithm: str, paths: list[Path], shapes: list[tuple[int, int, int]]
+) -> list[Draft]:
+    """One draft per model and tree shape, numbered and tagged only where needed."""
+    drafts = []
+    for i, path in enumerate(paths):
+        for shape in shapes:
+            tag = str(i + 1) if len(paths) > 1 else ""
+            tag += "_" + "x".join(map(str, shape)) if len(shapes) > 1 else ""
+            drafts.append(Draft(algorithm, path, *shape, tag=tag))
+    return drafts
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nanospec_server.bench.cli import add_bench_command, settings_from
-from nanospec_server.bench.configs import Draft, build_configs, full_vocab_reference
+from nanospec_server.bench.configs import Draft, build_configs, drafts_for, full_vocab_reference
 
 
 def flag(config, name: str) -> str | None:
@@ -57,3 +57,18 @@ def test_cli_refuses_a_negative_prior(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         parse("--prior-k", "-1")
     assert exit_info.value.code == 2 and "--prior-k" in capsys.readouterr().err
+
+
+def test_several_drafts_and_shapes_get_names_of_their_own(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    drafts = drafts_for("EAGLE", [a, b], [(4, 1, 5), (4, 4, 8)])
+    configs = build_configs(drafts, ["full"], [], [3072], {})
+    assert [c.name for c in configs] == [
+        "ar", "eagle1_4x1x5-full", "eagle1_4x4x8-full", "eagle2_4x1x5-full", "eagle2_4x4x8-full",
+    ]  # fmt: skip
+    tree = {c.name: c for c in configs}["eagle2_4x4x8-full"]
+    assert flag(tree, "--speculative-draft-model-path") == str(b)
+    assert flag(tree, "--speculative-eagle-topk") == "4"
+    assert [d.label for d in drafts_for("STANDALONE", [a], [(4, 1, 5)])] == ["standalone"]
+    assert parse("--shape", "4,1,5", "4,4,8").shapes == [(4, 1, 5), (4, 4, 8)]
