@@ -88,7 +88,8 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--max-new-tokens", type=_positive, help="default 64 on CPU, 1024 on GPU")
     run.add_argument("--dtype", help="server --dtype (default bfloat16)")
     run.add_argument("--max-servers", type=_positive,
-                     help="servers up at once (groups keep ar and the full-vocab drafts in each)")  # fmt: skip
+                     help="servers up at once (groups keep ar and the full-vocab drafts in each; "
+                          "with 2, ar alone, and ratios to full go through ar)")  # fmt: skip
     run.add_argument("--max-total-tokens", type=_positive, help="each server's KV pool")
     run.add_argument(
         "--token-map-corpus", nargs="+", help="FR-Spec corpus (default: Python stdlib)"

@@ -63,6 +63,23 @@ def test_ratios_are_paired_and_figures_weighted() -> None:
     assert table["eagle-full"]["qa"]["vs_ar"]["median"] == pytest.approx(2.0)
 
 
+def test_ratio_to_full_across_groups_goes_through_ar() -> None:
+    # Servers in pairs: full beside ar in group 0, nanospec beside ar in group 1, where
+    # the machine ran twice as slow (ar too): the ratio to full is taken through ar.
+    def record(group: int, config: str, seconds: float) -> dict:
+        return {"key": f"g{group}|{config}", "group": group, "config": config, "turn": 0,
+                "repeat": 0, "concurrency": 1, "wall_s": seconds,
+                "items": [item("qa/1", "qa", [1, 2, 3, 4], seconds, 3.0 if config != "ar" else None)]}  # fmt: skip
+
+    runs = [record(0, "ar", 4.0), record(0, "eagle-full", 2.0),
+            record(1, "ar", 8.0), record(1, "eagle-nanospec", 3.2)]  # fmt: skip
+    table = summarize(runs, {"ar": None, "eagle-full": None, "eagle-nanospec": "eagle-full"})[1]
+    nano = table["eagle-nanospec"][OVERALL]
+    assert nano["vs_ar"]["median"] == pytest.approx(2.5)  # beside its own ar
+    assert nano["vs_full"]["median"] == pytest.approx(2.5 / 2.0)  # not 2.0 / 3.2
+    assert nano["vs_full"]["pairs"] == 1
+
+
 def test_lossless_counts_differences_from_ar() -> None:
     checks = lossless(records())
     assert checks["compared"]["eagle-static-32k"] == {"outputs": 2, "differing": 1}
