@@ -15,6 +15,8 @@ from pathlib import Path
 import requests
 
 START_TIMEOUT_S = 300
+# A 1.5B model on a loaded 2-core host took over 300 s for one 32-token request.
+REQUEST_TIMEOUT_S = 1200
 
 
 def free_port() -> int:
@@ -97,7 +99,7 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int, **sampling) ->
     response = requests.post(
         f"{url}/generate",
         json={"input_ids": input_ids, "sampling_params": params},
-        timeout=300,
+        timeout=REQUEST_TIMEOUT_S,
     )
     if response.status_code != 200:
         raise requests.HTTPError(f"{response.status_code}: {response.text}", response=response)
