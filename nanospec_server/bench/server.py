@@ -16,6 +16,8 @@ import requests
 
 START_TIMEOUT_S = 300
 READY_LINE = "nanospec: ready at"  # printed by `nanospec serve` once it serves
+# A 1.5B model on a loaded 2-core host took over 300 s for one 32-token request.
+REQUEST_TIMEOUT_S = 1200
 
 
 def free_port() -> int:
@@ -102,7 +104,7 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int, **sampling) ->
     response = requests.post(
         f"{url}/generate",
         json={"input_ids": input_ids, "sampling_params": params},
-        timeout=300,
+        timeout=REQUEST_TIMEOUT_S,
     )
     if response.status_code != 200:
         raise requests.HTTPError(f"{response.status_code}: {response.text}", response=response)
