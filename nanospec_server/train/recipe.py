@@ -28,7 +28,10 @@ class Recipe:
     warmup_steps: int
     cls_stride: int
     cls_weight: float = 0.1  # EAGLE-1's ratio to the regression loss
-    gen_batch: int = 32  # prompts answered together while collecting features
+    # Prompts answered together while collecting features. A CPU decode step reads every
+    # weight once whatever the batch, so wider batches answer more tokens per minute
+    # (benchmarks/answers.py); 128 rows of 320 tokens hold ~1 GB of 0.5B K/V in fp32.
+    gen_batch: int = 128
     # The target's dtype while answering; auto: fp32 on a CPU, bf16 on CUDA. On this
     # 2-core EPYC fp32 answered 2.06x the answer tokens per minute of bf16, same prompts
     # side by side (benchmarks/answers.py; torch's CPU bf16 matmuls are slower here).
@@ -69,6 +72,7 @@ RECIPES: dict[str, Recipe] = {
         lr=1e-3,
         warmup_steps=10,
         cls_stride=8,
+        gen_batch=64,  # fp32 1.5B is ~7 GB already; 64 rows add ~1.2 GB of K/V
     ),  # fmt: skip
 }
 
