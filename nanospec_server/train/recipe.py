@@ -3,8 +3,9 @@
 Measured on this project's 2-core AMD EPYC box (avx512_bf16) with the two recipes
 running side by side, one thread each, seq_len 320:
 
-* answering (``distill.py``, batches of 32 prompts): Qwen2.5-Coder-0.5B 5.5 s per
-  prompt (~29 answer tokens/s), 1.5B 13 s (~13 tokens/s);
+* answering (``distill.py``, batches of 32 prompts, bf16, before issue 12's grouped
+  attention and 128-prompt batches): Qwen2.5-Coder-0.5B 5.5 s per prompt (~29 answer
+  tokens/s), 1.5B 13 s (~13 tokens/s);
 * head training (8 rows of up to 320 tokens a step, bf16 autocast, LM-head loss on
   1/8 of the positions): 0.5B ~3.3 s/step, 1.5B ~7.6 s/step.
 
