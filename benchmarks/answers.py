@@ -1,12 +1,16 @@
 """Self-distillation answering speed: answer tokens per minute, configurations side by side.
 
-Each configuration (target dtype, prompts per batch) answers the same training prompts
-with `train/distill.py:generate_rows`, answers capped at ``--max-answer`` tokens, one
-after the other in one run, and reports answer tokens per minute and the ratio to the
-first configuration (the recipe before issue 12: bf16, 32 prompts per batch).
+Each configuration (target dtype, prompts per batch, attention: transformers' ``sdpa``,
+which copies K/V per query head under a mask, or ``grouped``, `train/attention.py`) answers the same training prompts
+with `train/distill.py:generate_rows`, answers capped at ``--max-answer`` tokens. The
+configurations take turns: the prompts are cut into groups of the largest batch and
+every configuration answers a group before the next group starts, so a change in the
+load of a shared machine hits all of them alike. Reported: answer tokens per minute of
+wall time and of this process's CPU time (what a one-thread run gets when the machine
+is busy with other work), each with its ratio to the first configuration.
 
     OMP_NUM_THREADS=1 python benchmarks/answers.py --target qwen2.5-coder-0.5b-instruct \
-        --prompts 64 --max-answer 64 --config bfloat16,32 --config float32,32 --config float32,64
+        --prompts 128 --max-answer 64 --config float32,32,sdpa --config float32,128,grouped
 """
 
 from __future__ import annotations
@@ -14,50 +18,81 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
 from nanospec_server.models.chat import encode_user_turns
+from nanospec_server.train.attention import use_grouped_sdpa
 from nanospec_server.train.distill import generate_rows
 from nanospec_server.train.prompts import Split, chat_prompts
 from nanospec_server.train.run import _eos_ids
 from nanospec_server.train.target import load_target, load_tokenizer, resolve_target
 
 
-def _config(text: str) -> tuple[torch.dtype, int]:
-    dtype, batch = text.split(",")
-    return getattr(torch, dtype), int(batch)
+@dataclass
+class Tally:
+    dtype: torch.dtype
+    batch: int
+    attention: str
+    answered: int = 0
+    wall: float = 0.0
+    cpu: float = 0.0
+
+
+def _config(text: str) -> Tally:
+    dtype, batch, attention = (text.split(",") + ["grouped"])[:3]
+    if attention not in ("sdpa", "grouped"):
+        raise argparse.ArgumentTypeError(f"attention must be sdpa or grouped, not {attention!r}")
+    return Tally(getattr(torch, dtype), int(batch), attention)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--max-answer", type=int, default=64)
     parser.add_argument("--max-prompt", type=int, default=160, help="skip longer prompts")
-    parser.add_argument("--config", type=_config, action="append", help="DTYPE,BATCH")
+    parser.add_argument(
+        "--config", type=_config, action="append", help="DTYPE,BATCH[,sdpa|grouped]"
+    )
     args = parser.parse_args()
-    configs = args.config or [(torch.bfloat16, 32), (torch.float32, 64)]
+    tallies = args.config or [_config("float32,32,sdpa"), _config("float32,128,grouped")]
     target_dir = resolve_target(args.target)
     tokenizer = load_tokenizer(target_dir)
     eos = _eos_ids(target_dir, tokenizer)
     texts = chat_prompts(Split.TRAIN, args.prompts * 2, seed=0)
     prompts = sorted([p for p in encode_user_turns(tokenizer, texts) if len(p) <= args.max_prompt][: args.prompts], key=len)  # fmt: skip
     seq_len = max(map(len, prompts)) + args.max_answer
+    targets = {t.dtype: None for t in tallies}
+    for dtype in targets:
+        targets[dtype] = load_target(target_dir, torch.device("cpu")).to(dtype)
     print(f"command: {' '.join(sys.argv)}  (threads {torch.get_num_threads()})")
-    base = None
-    for dtype, batch in configs:
-        target = load_target(target_dir, torch.device("cpu")).to(dtype)
-        started, answered = time.perf_counter(), 0
-        for first in range(0, len(prompts), batch):
-            chunk = prompts[first : first + batch]
-            rows = generate_rows(target, chunk, seq_len, eos, torch.device("cpu"))
-            answered += int((rows.lengths - rows.prompt_lengths).sum())
-        per_minute = answered / (time.perf_counter() - started) * 60
-        base = base or per_minute
-        print(f"{str(dtype):<16}{batch:>6} prompts/batch {answered:>7} answer tokens "
-              f"{per_minute:>9.0f} tokens/min {per_minute / base:>6.2f}x", flush=True)  # fmt: skip
-        del target
+    group = max(t.batch for t in tallies)
+    for start in range(0, len(prompts), group):
+        for tally in tallies:
+            target = targets[tally.dtype]
+            if tally.attention == "grouped":
+                use_grouped_sdpa(target)
+            else:
+                target.set_attn_implementation("sdpa")
+            wall, cpu = time.perf_counter(), time.process_time()
+            for first in range(start, min(start + group, len(prompts)), tally.batch):
+                chunk = prompts[first : min(first + tally.batch, start + group)]
+                rows = generate_rows(target, chunk, seq_len, eos, torch.device("cpu"))
+                tally.answered += int((rows.lengths - rows.prompt_lengths).sum())
+            tally.wall += time.perf_counter() - wall
+            tally.cpu += time.process_time() - cpu
+    base_wall, base_cpu = (
+        tallies[0].answered / tallies[0].wall,
+        tallies[0].answered / tallies[0].cpu,
+    )
+    print(f"{'dtype':<16}{'batch':>6}{'attention':>10}{'answer tokens':>15}{'per wall min':>14}{'ratio':>8}"
+          f"{'per CPU min':>13}{'ratio':>8}")  # fmt: skip
+    for t in tallies:
+        wall, cpu = t.answered / t.wall, t.answered / t.cpu
+        print(f"{str(t.dtype):<16}{t.batch:>6}{t.attention:>10}{t.answered:>15}{wall * 60:>14.0f}{wall / base_wall:>7.2f}x"
+              f"{cpu * 60:>13.0f}{cpu / base_cpu:>7.2f}x")  # fmt: skip
     return 0
 
 

@@ -126,10 +126,10 @@ int64_t nanospec_append(int64_t batch, int64_t cols, const int64_t* slots, const
   return invalid;
 }
 
-// Bring members/in_set of `slots` to their windows of `w_max` positions (or, if `release`,
-// empty them) and apply the changes to the union head (of `capacity` rows). Returns how
-// many distinct new tokens found no row in the union buffer (not admitted).
-int64_t nanospec_refresh(int64_t batch, const int64_t* slots, int64_t w_max, int64_t w_cap,
+// Bring members/in_set of `slots` to their windows of `w_max[b]` positions (one per slot;
+// or, if `release`, empty them) and apply the changes to the union head (of `capacity` rows).
+// Returns how many distinct new tokens found no row in the union buffer (not admitted).
+int64_t nanospec_refresh(int64_t batch, const int64_t* slots, const int64_t* w_max, int64_t w_cap,
                          int64_t vocab_size, bool release, const int64_t* ring,
                          const int64_t* length, const int32_t* last_pos, int64_t* members,
                          bool* in_set, int32_t* member_pos, int64_t* scanned, int64_t* ids, int64_t* row_of,
@@ -144,7 +144,7 @@ int64_t nanospec_refresh(int64_t batch, const int64_t* slots, int64_t w_max, int
     int64_t* slot_members = members + slot * (w_cap + 1);
     bool* slot_in = in_set + slot * (vocab_size + 1);
     const int64_t end = length[slot];
-    const int64_t start = end > w_max ? end - w_max : 0;
+    const int64_t start = end > w_max[b] ? end - w_max[b] : 0;
     // Leave: members whose latest occurrence is out of the window. member_pos[j] is a
     // position of member j seen earlier; at or past `start` it proves the member stays, so
     // last_pos (a random access) is read only for members near the window's edge.

@@ -17,6 +17,17 @@ HISTORY_ENV = "NANOSPEC_STATS_HISTORY"  # finished requests /stats/vocab keeps p
 DEFAULT_HISTORY = 1024
 
 
+# A request's own W_max travels in SGLang's `custom_params` sampling parameter under this key.
+REQUEST_W_MAX_PARAM = "w_max"
+
+
+def requested_w_max(custom_params: object) -> int | None:
+    """The W_max a request asked for, or None. The tokenizer side refuses bad values with a
+    400 before they reach a scheduler; here anything that is not a positive int is None."""
+    value = custom_params.get(REQUEST_W_MAX_PARAM) if isinstance(custom_params, dict) else None
+    return value if type(value) is int and value >= 1 else None
+
+
 class Mode(str, Enum):
     """How the draft model's LM head is computed."""
 

@@ -44,6 +44,18 @@ def _field_errors(error: ValidationError) -> str:
     )
 
 
+def w_max_problem(w_max: Any, w_cap: int) -> str | None:
+    """Why ``w_max`` cannot be a W_max on a server of this capacity ("w_max: ..."), or None.
+    The live setting and a request's own W_max are checked by this one function."""
+    try:
+        SettingsUpdate.model_validate({"w_max": w_max})
+    except ValidationError as error:
+        return _field_errors(error)
+    if w_max is not None and w_max > w_cap:
+        return f"w_max: {w_max} exceeds the capacity w_cap {w_cap}"
+    return None
+
+
 async def _scheduler_states() -> list[dict[str, Any]]:
     """One published state per DP rank."""
     from sglang.srt.entrypoints.http_server import _global_state
@@ -107,10 +119,8 @@ def build_router() -> APIRouter:
         """Change W_max / K_pre / K_ver (admin key); effective at the next speculative step."""
         changes = (await _read_update(request)).model_dump(exclude_none=True)
         current = NanoSpecConfig.model_validate((await _scheduler_states())[0]["config"])
-        if "w_max" in changes and changes["w_max"] > current.w_cap:
-            raise HTTPException(
-                400, f"w_max: {changes['w_max']} exceeds the capacity w_cap {current.w_cap}"
-            )
+        if problem := w_max_problem(changes.get("w_max"), current.w_cap):
+            raise HTTPException(400, problem)
         if changes:
             await _push_settings(changes, key_id)
         return NanoSpecConfig.model_validate((await _scheduler_states())[0]["config"])

@@ -16,10 +16,10 @@ from pathlib import Path
 from nanospec_server.bench.configs import (
     AR,
     DEFAULT_W_MAX,
-    Draft,
     build_configs,
     build_token_maps,
     default_token_map_corpus,
+    drafts_for,
     full_vocab_reference,
 )
 from nanospec_server.bench.data import TASKS, load_tasks
@@ -36,6 +36,7 @@ ANALYSES = {
                     "static_ks": [32768, 16384, 8192, 4096, 2048, 1024, 512]},
     "wmax": {"modes": ["full", "nanospec"], "w_maxes": [256, 512, 1024, 2048, 3072, 4096, 8192]},
     "ablation": {"modes": ["full", "nanospec", "ctx-only", "ext-only", "sync"]},
+    "prior": {"modes": ["full", "nanospec"], "prior_ks": [0, 512, 2048, 8192]},
 }  # fmt: skip
 
 
@@ -44,10 +45,12 @@ class BenchSettings:
     target: str = "qwen2.5-coder-1.5b-instruct"  # registry name or model directory
     standalone: list[str] = field(default_factory=lambda: ["qwen2.5-coder-0.5b-instruct"])
     eagle: list[str] = field(default_factory=list)
-    shape: tuple[int, int, int] = (4, 1, 5)  # draft steps, top-k, draft tokens
+    # draft tree shapes: (steps, top-k, draft tokens), each a configuration of every draft
+    shapes: list[tuple[int, int, int]] = field(default_factory=lambda: [(4, 1, 5)])
     modes: list[str] = field(default_factory=lambda: list(ANALYSES["main"]["modes"]))
     static_ks: list[int] = field(default_factory=lambda: [32768])
     w_maxes: list[int] = field(default_factory=lambda: [DEFAULT_W_MAX])
+    prior_ks: list[int] = field(default_factory=lambda: [0])  # hybrid vocabulary sizes
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
     limit_per_task: int | None = 2
     seed: int = 0
@@ -94,11 +97,9 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
                          settings.limit_per_task, settings.seed, settings.tasks)  # fmt: skip
     store = ResultStore(run_dir)
     target = _model_dir(settings.target, settings.tiny)
-    steps, topk, tokens = settings.shape
-    drafts = [
-        Draft("EAGLE", _model_dir(p, settings.tiny), steps, topk, tokens) for p in settings.eagle
-    ]
-    drafts += [Draft("STANDALONE", _model_dir(p, settings.tiny), steps, topk, tokens) for p in settings.standalone]  # fmt: skip
+    shapes = [tuple(s) for s in settings.shapes]
+    drafts = drafts_for("EAGLE", [_model_dir(p, settings.tiny) for p in settings.eagle], shapes)
+    drafts += drafts_for("STANDALONE", [_model_dir(p, settings.tiny) for p in settings.standalone], shapes)  # fmt: skip
     vocab_size = json.loads((target / "config.json").read_text())["vocab_size"]
     run_dir.mkdir(parents=True, exist_ok=True)
     token_maps = {}
@@ -106,7 +107,7 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
         corpus = [Path(p) for p in settings.token_map_corpus] or default_token_map_corpus()
         token_maps = build_token_maps(target, settings.static_ks, vocab_size, run_dir, corpus)
     configs = build_configs(
-        drafts, settings.modes, settings.static_ks, settings.w_maxes, token_maps
+        drafts, settings.modes, settings.static_ks, settings.w_maxes, token_maps, settings.prior_ks
     )
     references = {c.name: full_vocab_reference(configs, c) for c in configs}
     anchors = [AR] + [n for n in dict.fromkeys(references.values()) if n]

@@ -1,9 +1,10 @@
 """`nanospec bench`: run, report, and the offline analyses.
 
-nanospec bench run --quick                       # real pair, every task, < 10 min on CPU
+nanospec bench run --quick --max-total-tokens 8192   # real pair, every task, < 10 min
 nanospec bench run --tiny --quick                # tiny offline models (a minute)
 nanospec bench run --analysis vocab-sweep        # Figure 1a: static top-k 32k..512
 nanospec bench run --analysis wmax               # Figure 6: W_max 256..8192
+nanospec bench run --analysis prior              # hybrid vocabulary: prior k 0..8192
 nanospec bench report RUN_DIR                    # rewrite report.md and the figures
 nanospec bench coverage                          # Figure 1b offline, + evolution
 nanospec bench latency                           # Table 4: per-step draft breakdown
@@ -16,7 +17,8 @@ from pathlib import Path
 
 from nanospec_server.bench.configs import MODES, parse_size
 
-QUICK = {"limit_per_task": 1, "max_new_tokens": 32, "modes": ["full", "static", "nanospec"],
+# Three servers (ar, full, nanospec): one group, one start, under 10 minutes on 2 cores.
+QUICK = {"limit_per_task": 1, "max_new_tokens": 32, "modes": ["full", "nanospec"],
          "concurrency": [1], "repeats": 1}  # fmt: skip
 TINY = {"target": "agree-target", "eagle": ["agree-eagle"], "standalone": [],
         "dtype": "float32", "static_ks": [256], "max_total_tokens": 8192}  # fmt: skip
@@ -39,6 +41,13 @@ def _shape(text: str) -> tuple[int, int, int]:
     return shape
 
 
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -56,16 +65,20 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="every configuration side by side on Spec-Bench + HumanEval")
     run.add_argument("--analysis", choices=list(ANALYSES), default="main",
                      help="configuration preset: main (every mode), vocab-sweep (Fig 1a), "
-                          "wmax (Fig 6), ablation (Table 5)")  # fmt: skip
+                          "wmax (Fig 6), ablation (Table 5), prior (hybrid vocabulary)")  # fmt: skip
     run.add_argument("--target", help="target model: registry name or directory")
     run.add_argument("--standalone", nargs="*", help="STANDALONE draft models (names or dirs)")
     run.add_argument("--eagle", nargs="*", help="EAGLE head directories")
-    run.add_argument("--shape", type=_shape, help="draft tree STEPS,TOPK,TOKENS (default 4,1,5)")
+    run.add_argument("--shape", nargs="+", type=_shape,
+                     help="draft tree STEPS,TOPK,TOKENS, one or more (default 4,1,5)")  # fmt: skip
     run.add_argument(
         "--modes", nargs="+", choices=MODES, help="draft modes (default: the preset's)"
     )
     run.add_argument("--static-k", nargs="+", type=_size, help="FR-Spec sizes (default 32k)")
     run.add_argument("--w-max", nargs="+", type=_positive, help="NanoSpec W_max values")
+    run.add_argument("--prior-k", nargs="+", type=_non_negative,
+                     help="hybrid vocabulary: NanoSpec once per static prior size "
+                          "(--nanospec-prior-k; 0 = the paper's window only; default 0)")  # fmt: skip
     run.add_argument("--tasks", nargs="+", choices=TASKS, help="tasks (default: all seven)")
     run.add_argument("--specbench", help="Spec-Bench question.jsonl (default: ../shared/data/...)")
     run.add_argument("--limit-per-task", type=_positive, help="prompts per task (default 2)")
@@ -75,7 +88,8 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--max-new-tokens", type=_positive, help="default 64 on CPU, 1024 on GPU")
     run.add_argument("--dtype", help="server --dtype (default bfloat16)")
     run.add_argument("--max-servers", type=_positive,
-                     help="servers up at once (groups keep ar and the full-vocab drafts in each)")  # fmt: skip
+                     help="servers up at once (groups keep ar and the full-vocab drafts in each; "
+                          "with 2, ar alone, and ratios to full go through ar)")  # fmt: skip
     run.add_argument("--max-total-tokens", type=_positive, help="each server's KV pool")
     run.add_argument(
         "--token-map-corpus", nargs="+", help="FR-Spec corpus (default: Python stdlib)"
@@ -86,7 +100,7 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--quick",
         action="store_true",
-        help="1 prompt per task, 32 new tokens, full/static/nanospec, concurrency 1",
+        help="1 prompt per task, 32 new tokens, full and nanospec, concurrency 1",
     )
     run.set_defaults(func=lambda args: run_command(args, run))
 
@@ -112,8 +126,8 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
             quick.pop("modes")
         values |= quick
     given = {"target": args.target, "standalone": args.standalone, "eagle": args.eagle,
-             "shape": args.shape, "modes": args.modes, "static_ks": args.static_k,
-             "w_maxes": args.w_max, "tasks": args.tasks, "specbench": args.specbench,
+             "shapes": args.shape, "modes": args.modes, "static_ks": args.static_k,
+             "w_maxes": args.w_max, "prior_ks": args.prior_k, "tasks": args.tasks, "specbench": args.specbench,
              "limit_per_task": args.limit_per_task, "seed": args.seed, "repeats": args.repeats,
              "concurrency": args.concurrency, "max_new_tokens": args.max_new_tokens,
              "dtype": args.dtype, "max_servers": args.max_servers,

@@ -3,7 +3,10 @@
 Every configuration serves the same target with the same engine settings; they differ
 only in speculation: plain decoding (``ar``), a draft (EAGLE head or STANDALONE model)
 with the full vocabulary, FR-Spec static top-k, NanoSpec, and the paper's ablations.
-Names read ``<draft>-<mode>[-<size>]``: ``standalone-static-32k``, ``eagle-nanospec-w512``.
+Names read ``<draft>-<mode>[-<size>]``: ``standalone-static-32k``, ``eagle-nanospec-w512``;
+the hybrid vocabulary (window plus a static prior of k tokens, ``--nanospec-prior-k``)
+adds ``-p<k>``: ``standalone-nanospec-p2048``. Several drafts of one kind are numbered
+(``eagle2-full``), several tree shapes tagged (``eagle_4x4x8-full``).
 """
 
 from __future__ import annotations
@@ -26,10 +29,24 @@ class Draft:
     steps: int = 4
     topk: int = 1
     tokens: int = 5
+    tag: str = ""  # tells drafts of one kind apart in names (no "-": names split on it)
 
     @property
     def label(self) -> str:
-        return self.algorithm.lower()
+        return self.algorithm.lower() + self.tag
+
+
+def drafts_for(
+    algorithm: str, paths: list[Path], shapes: list[tuple[int, int, int]]
+) -> list[Draft]:
+    """One draft per model and tree shape, numbered and tagged only where needed."""
+    drafts = []
+    for i, path in enumerate(paths):
+        for shape in shapes:
+            tag = str(i + 1) if len(paths) > 1 else ""
+            tag += "_" + "x".join(map(str, shape)) if len(shapes) > 1 else ""
+            drafts.append(Draft(algorithm, path, *shape, tag=tag))
+    return drafts
 
 
 @dataclass(frozen=True)
@@ -39,6 +56,7 @@ class BenchConfig:
     mode: str | None = None
     static_k: int | None = None
     w_max: int = DEFAULT_W_MAX
+    prior_k: int = 0
     flags: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -65,9 +83,10 @@ def build_configs(
     static_ks: list[int],
     w_maxes: list[int],
     token_maps: dict[int, Path],
+    prior_ks: list[int] = (0,),
 ) -> list[BenchConfig]:
     """``ar`` first, then per draft: each mode; `static` once per k, `nanospec` once per
-    W_max (the default W_max keeps the plain name)."""
+    W_max and prior k (the default W_max and k = 0 keep the plain name)."""
     configs = [BenchConfig(AR)]
     for draft in drafts:
         spec = speculative_flags(draft.algorithm, draft.path, draft.steps, draft.topk, draft.tokens)
@@ -79,10 +98,16 @@ def build_configs(
                     name = f"{draft.label}-static-{size_label(k)}"
                     configs.append(BenchConfig(name, draft, mode, static_k=k, flags=tuple(flags)))
                 continue
-            for w in w_maxes if mode == "nanospec" else [DEFAULT_W_MAX]:
-                name = f"{draft.label}-{mode}" + (f"-w{w}" if w != DEFAULT_W_MAX else "")
-                flags = [*spec, "--nanospec-mode", mode, "--nanospec-w-max", str(w)]
-                configs.append(BenchConfig(name, draft, mode, w_max=w, flags=tuple(flags)))
+            sweep = mode == "nanospec"
+            for w in w_maxes if sweep else [DEFAULT_W_MAX]:
+                for k in prior_ks if sweep else [0]:
+                    name = f"{draft.label}-{mode}" + (f"-w{w}" if w != DEFAULT_W_MAX else "")
+                    name += f"-p{k}" if k else ""
+                    flags = [*spec, "--nanospec-mode", mode, "--nanospec-w-max", str(w)]
+                    flags += ["--nanospec-prior-k", str(k)] if k else []
+                    configs.append(
+                        BenchConfig(name, draft, mode, w_max=w, prior_k=k, flags=tuple(flags))
+                    )
     return configs
 
 

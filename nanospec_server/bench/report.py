@@ -45,6 +45,7 @@ def write_report(run_dir: Path) -> Path:
         lines += _main_table(c, table)
         lines += _task_table(c, table)
     lines += _ablation_table(summary)
+    lines += _prior_table(summary)
     lines += _lossless_section(checks)
     lines += [f"![{f.stem}]({f.name})" for f in figures]
     path = run_dir / "report.md"
@@ -104,6 +105,29 @@ def _ablation_table(summary: dict) -> list[str]:
         lines.append(f"| {n} | {_f(x['accept_length'])} | {_f(x['coverage'], 3)} "
                      f"| {_f(x['active_vocab'], 0)} | {_ratio(x['vs_full'])} |")  # fmt: skip
     return lines + [""]
+
+
+def _prior_table(summary: dict) -> list[str]:
+    """The hybrid vocabulary (window plus a static prior of k tokens) against k = 0."""
+    lines = []
+    for c, table in summary.items():
+        priors = [n for n in table if _prior(n)]
+        if not priors:
+            continue
+        bases = list(dict.fromkeys(n.rsplit("-p", 1)[0] for n in priors))
+        lines += [f"## Hybrid vocabulary (window + prior of k tokens), concurrency {c}", "",
+                  "| config | prior k | coverage | accept | LM-head rows | tokens/s | vs ar [IQR] | vs full vocab [IQR] |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for base in bases:
+            for n in [base, *(p for p in priors if p.rsplit("-p", 1)[0] == base)]:
+                x = table.get(n, {}).get(OVERALL)
+                if x is None:
+                    continue
+                lines.append(f"| {n} | {_prior(n)} | {_f(x['coverage'], 3)} | {_f(x['accept_length'])} "
+                             f"| {_f(x['lm_head_rows'], 0)} | {_f(x['tokens_per_s'])} | {_ratio(x['vs_ar'])} "
+                             f"| {_ratio(x['vs_full'])} |")  # fmt: skip
+        lines.append("")
+    return lines
 
 
 def _lossless_section(checks: dict) -> list[str]:
@@ -186,7 +210,9 @@ def _sweep_figures(run_dir: Path, table: dict, plt) -> list[Path]:
             fig.savefig(out[-1])
             plt.close(fig)
         sweep = sorted(
-            (_w(n), table[n][OVERALL]) for n in table if n.startswith(f"{draft}-nanospec")
+            (_w(n), table[n][OVERALL])
+            for n in table
+            if n.startswith(f"{draft}-nanospec") and not _prior(n)
         )
         if len(sweep) > 1:
             fig, axes = plt.subplots(1, 3, figsize=(9, 2.8), dpi=80)
@@ -213,3 +239,9 @@ def _w(name: str) -> int:
 
     tail = name.rsplit("-", 1)[-1]
     return int(tail[1:]) if tail.startswith("w") and tail[1:].isdigit() else DEFAULT_W_MAX
+
+
+def _prior(name: str) -> int:
+    """k of a hybrid configuration (``...-p2048``), 0 for the others."""
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail[1:]) if tail.startswith("p") and tail[1:].isdigit() else 0

@@ -15,6 +15,9 @@ from pathlib import Path
 import requests
 
 START_TIMEOUT_S = 300
+READY_LINE = "nanospec: ready at"  # printed by `nanospec serve` once it serves
+# A 1.5B model on a loaded 2-core host took over 300 s for one 32-token request.
+REQUEST_TIMEOUT_S = 1200
 
 
 def free_port() -> int:
@@ -75,12 +78,16 @@ def _signal_group(process: subprocess.Popen, sig: signal.Signals) -> None:
 
 
 def _wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:
+    """Healthy means: our process says it is ready, then `url` answers. The port was only
+    free when picked; until our server binds it, another process may have taken it, and a
+    health check alone could be answered by someone else's server (a wrong-server test)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ServerFailed(f"server exited with {process.returncode}:\n{_tail(log_path)}")
         try:
-            if requests.get(f"{url}/health_generate", timeout=30).status_code == 200:
+            ready = READY_LINE in log_path.read_text(errors="replace")
+            if ready and requests.get(f"{url}/health_generate", timeout=30).status_code == 200:
                 return
         except requests.RequestException:
             pass
@@ -97,7 +104,7 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int, **sampling) ->
     response = requests.post(
         f"{url}/generate",
         json={"input_ids": input_ids, "sampling_params": params},
-        timeout=300,
+        timeout=REQUEST_TIMEOUT_S,
     )
     if response.status_code != 200:
         raise requests.HTTPError(f"{response.status_code}: {response.text}", response=response)

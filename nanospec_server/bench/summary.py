@@ -77,15 +77,31 @@ def _cell(units_: list[dict]) -> dict:
     }
 
 
-def _ratios(mine: list[dict], theirs: list[dict]) -> dict:
-    """Paired tokens/s ratios: median and quartiles."""
+def _speed(u: dict | None) -> float | None:
+    return u["tokens"] / u["seconds"] if u and u["seconds"] > 0 and u["tokens"] else None
+
+
+def _ratios(mine: list[dict], theirs: list[dict], through: list[dict] = ()) -> dict:
+    """Paired tokens/s ratios: median and quartiles. A unit whose partner ran in another
+    group (servers in groups of two) is compared through ``through`` (``ar``), measured in
+    both groups: (mine / ar beside it) / (theirs / ar beside it)."""
     key = lambda u: (u["group"], u["turn"], u["repeat"], u["id"])  # noqa: E731
     other = {key(u): u for u in theirs}
+    elsewhere = {key(u)[1:]: u for u in theirs}
+    anchor = {key(u): u for u in through}
     values = []
     for u in mine:
         o = other.get(key(u))
-        if o and u["seconds"] > 0 and o["seconds"] > 0 and o["tokens"]:
-            values.append((u["tokens"] / u["seconds"]) / (o["tokens"] / o["seconds"]))
+        ratio = None
+        if o is not None:
+            if u["seconds"] > 0 and _speed(o):
+                ratio = (u["tokens"] / u["seconds"]) / _speed(o)
+        elif (o := elsewhere.get(key(u)[1:])) is not None:
+            mine_ar, theirs_ar = _speed(anchor.get(key(u))), _speed(anchor.get(key(o)))
+            if u["seconds"] > 0 and _speed(o) and mine_ar and theirs_ar:
+                ratio = ((u["tokens"] / u["seconds"]) / mine_ar) / (_speed(o) / theirs_ar)
+        if ratio is not None:
+            values.append(ratio)
     return {"median": _median(values), "spread": _spread(values), "pairs": len(values)}
 
 
@@ -116,7 +132,7 @@ def summarize(records: list[dict], references: dict[str, str | None]) -> dict:
                 cell["vs_ar"] = _ratios(subset, ar) if config != AR else None
                 ref = references.get(config)
                 full = _of_task(per_config.get(ref, []), task)
-                cell["vs_full"] = _ratios(subset, full) if ref and ref != config else None
+                cell["vs_full"] = _ratios(subset, full, ar) if ref and ref != config else None
                 cells[task] = cell
             table[config] = cells
         result[c] = table

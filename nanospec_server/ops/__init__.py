@@ -6,6 +6,7 @@ the C++ loops of ``kernels/vocab_cpu.cpp`` where they apply, else the reference.
 ``NANOSPEC_OPS=reference|cpu|triton|cuda`` allows only that backend (plus the reference).
 """
 
+import torch
 from torch import Tensor
 
 from nanospec_server.ops import reference
@@ -68,14 +69,23 @@ def packed_topk(
     return reference.packed_topk(*args)
 
 
+def w_max_per_row(w_max: int | Tensor, slots: Tensor) -> Tensor:
+    """W_max as a contiguous int64 tensor with one value per row of ``slots`` (an int, or
+    a tensor of one value or of one per row; no host sync either way)."""
+    if isinstance(w_max, Tensor):
+        return w_max.to(slots.device, torch.int64).expand(len(slots)).contiguous()
+    return torch.full((len(slots),), w_max, dtype=torch.int64, device=slots.device)
+
+
 def window_refresh(
     ring: Tensor, length: Tensor, last_pos: Tensor, members: Tensor, in_set: Tensor,
-    slots: Tensor, w_max: int,
+    slots: Tensor, w_max: int | Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:  # fmt: skip
     """WindowState.refresh fused in one kernel where Triton runs (its torch code is the
-    reference); None elsewhere."""
+    reference); None elsewhere. ``w_max``: one for all slots, or one per row of slots."""
     if (tri := _triton_for(ring)) is None:
         return None
+    w_max = w_max_per_row(w_max, slots)
     return tri.window_refresh(ring, length, last_pos, members, in_set, slots, w_max)
 
 
@@ -109,5 +119,6 @@ __all__ = [
     "packed_topk",
     "window_refresh",
     "union_apply",
+    "w_max_per_row",
     "cpu_vocab_kernels",
 ]

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from nanospec_server.ops import w_max_per_row
 from nanospec_server.ops.build import KERNEL_DIR
 
 SOURCE = KERNEL_DIR / "vocab_cpu.cpp"
@@ -85,9 +86,11 @@ class CpuVocabKernels:
         if invalid:
             raise IndexError(f"{invalid} appended token ids are outside [0, vocab_size)")
 
-    def refresh(self, slots: Tensor, w_max: int, release: bool = False) -> int:
-        """Returns how many new tokens found no row in the union buffer (not admitted)."""
+    def refresh(self, slots: Tensor, w_max: int | Tensor, release: bool = False) -> int:
+        """``w_max``: one for all slots, or one per row of ``slots``. Returns how many new
+        tokens found no row in the union buffer (not admitted)."""
+        w_max = w_max_per_row(w_max, slots)
         return self.lib.nanospec_refresh(
-            _int(len(slots)), _ptr(slots), _int(w_max), *self.sizes, ctypes.c_bool(release),
+            _int(len(slots)), _ptr(slots), _ptr(w_max), *self.sizes, ctypes.c_bool(release),
             *self.refresh_state,
         )  # fmt: skip

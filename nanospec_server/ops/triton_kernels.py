@@ -150,11 +150,11 @@ def _window_refresh_kernel(
     over the slot's W_cap table entries and ring columns. Besides the masks, it writes the
     leaving and entering tokens compacted, in mask order (``leave_list[b, :n_leave]``,
     ``enter_list[b, :n_enter]``, ``list_lengths[b] = (n_enter, n_leave)``): the union
-    kernel then visits only tokens that changed."""
+    kernel then visits only tokens that changed. ``w_max`` holds one per slot."""
     b = tl.program_id(0)
     slot = tl.load(slots + b)
     end = tl.load(length + slot)
-    start = tl.maximum(end - w_max, 0)
+    start = tl.maximum(end - tl.load(w_max + b), 0)
     state = slot * ring_stride  # members and ring share the [S, W_cap + 1] layout
     lp_row = last_pos + slot * vocab_stride
     in_row = in_set + slot * vocab_stride
@@ -213,12 +213,13 @@ def _window_refresh_kernel(
 
 def window_refresh(
     ring: Tensor, length: Tensor, last_pos: Tensor, members: Tensor, in_set: Tensor,
-    slots: Tensor, w_max: int,
+    slots: Tensor, w_max: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:  # fmt: skip
     """WindowState.refresh in one launch: updates ``members``/``in_set`` of ``slots`` and
     returns the diff (enter_tokens, enter, leave_tokens, leave), each [B, W_cap], and the
     same changes compacted: (enter_list, leave_list [B, W_cap], lengths [B, 2] int32)."""
     assert ring.is_contiguous() and members.is_contiguous() and in_set.is_contiguous()
+    assert w_max.shape == slots.shape and w_max.dtype == torch.int64 and w_max.is_contiguous()
     batch, w_cap = len(slots), ring.shape[1] - 1
     device = ring.device
     enter_tokens = torch.empty(batch, w_cap, dtype=torch.int64, device=device)

@@ -40,13 +40,14 @@ def register() -> None:
     if TOKENIZER_MANAGER_MODULE in sys.modules:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-        from nanospec_server.sglang_plugin.request_checks import check_input_ids
+        from nanospec_server.sglang_plugin import request_checks
 
-        HookRegistry.register(
-            f"{TOKENIZER_MANAGER_MODULE}.TokenizerManager._validate_one_request",
-            check_input_ids,
-            HookType.BEFORE,
-        )
+        for check in (request_checks.check_input_ids, request_checks.check_w_max_override):
+            HookRegistry.register(
+                f"{TOKENIZER_MANAGER_MODULE}.TokenizerManager._validate_one_request",
+                check,
+                HookType.BEFORE,
+            )
     # Draft-worker hooks wait for a Scheduler to be built, so only scheduler processes
     # import the speculative modules (and only when speculation is on).
     if SCHEDULER_MODULE in sys.modules:

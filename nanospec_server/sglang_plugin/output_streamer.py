@@ -26,8 +26,9 @@ class NanoSpecOutputStreamer(SchedulerOutputStreamer):
     def stream_output(self, reqs, return_logprob: bool, skip_req=None):
         rt = runtime.RUNTIME
         if rt is not None and self.is_generation:
-            w_max = rt.config.w_max if rt.vocab is not None else None
-            rt.stats.track((req for req in reqs if req is not skip_req), w_max)
+            live = rt.config.w_max if rt.vocab is not None else None
+            reqs_now = (req for req in reqs if req is not skip_req)
+            rt.stats.track(reqs_now, live, rt.w_max_in_force)
         SchedulerOutputStreamer.stream_output(self, reqs, return_logprob, skip_req)
 
     def should_build_additional_customized_info(self) -> bool:

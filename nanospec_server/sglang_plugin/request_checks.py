@@ -1,12 +1,19 @@
-"""Refuse requests that would crash the scheduler, before they reach it.
+"""Refuse bad requests before they reach the scheduler, with a 400 naming the field.
+
+BEFORE hooks on the tokenizer manager's per-request validation, whose ValueError SGLang
+answers with a 400.
 
 SGLang 0.5.23 passes raw `input_ids` to the model unchecked: an id outside the vocabulary
 makes the embedding lookup raise inside the scheduler, which takes the whole server (and
-every request in flight) down. A BEFORE hook on the tokenizer manager's per-request
-validation turns that into a 400 for the one bad request.
+every request in flight) down. A request's own W_max (`custom_params.w_max`) is checked
+like the live setting, against the capacity this server was launched with.
 """
 
 from __future__ import annotations
+
+from nanospec_server.config import REQUEST_W_MAX_PARAM, NanoSpecConfig
+
+W_MAX_FIELD = f"custom_params.{REQUEST_W_MAX_PARAM}"
 
 
 def check_input_ids(tokenizer_manager, obj, input_ids, *args, **kwargs) -> None:
@@ -17,3 +24,22 @@ def check_input_ids(tokenizer_manager, obj, input_ids, *args, **kwargs) -> None:
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         raise ValueError(f"input_ids: token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+def check_w_max_override(tokenizer_manager, obj, *args, **kwargs) -> None:
+    params = getattr(obj, "sampling_params", None)
+    custom = params.get("custom_params") if isinstance(params, dict) else None
+    if not isinstance(custom, dict) or custom.get(REQUEST_W_MAX_PARAM) is None:
+        return
+    from nanospec_server.admin.routes import w_max_problem
+
+    config = NanoSpecConfig.from_env()
+    if not tokenizer_manager.server_args.speculative_algorithm:
+        raise ValueError(f"{W_MAX_FIELD}: this server does not decode speculatively")
+    if not config.mode.is_dynamic:
+        raise ValueError(
+            f"{W_MAX_FIELD}: --nanospec-mode {config.mode.value} has no window; W_max "
+            "applies to the dynamic modes (nanospec, ctx-only, ext-only, sync)"
+        )
+    if problem := w_max_problem(custom[REQUEST_W_MAX_PARAM], config.w_cap):
+        raise ValueError(f"custom_params.{problem}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -124,8 +125,11 @@ class RequestStats:
 
     # -- host bookkeeping for the admin layer ---------------------------------------------
 
-    def track(self, reqs, w_max: int | None) -> None:
-        """Every batch the output streamer sees: note new requests and the W_max in force."""
+    def track(
+        self, reqs, w_max: int | None, w_max_of: Callable[[Any], int | None] | None = None
+    ) -> None:
+        """Every batch the output streamer sees: note new requests and the W_max in force
+        (the live ``w_max``, published as a metric; ``w_max_of(req)``: a request's own)."""
         if w_max != self.w_max_published:
             metrics.w_max_in_force(w_max or 0)
             self.w_max_published = w_max
@@ -133,11 +137,12 @@ class RequestStats:
         for req in reqs:
             if req.finished():
                 continue
+            in_force = w_max_of(req) if w_max_of is not None else w_max
             running = self.running.get(req.rid)
             if running is None:
-                self.running[req.rid] = RunningRequest(req, now, w_max)
+                self.running[req.rid] = RunningRequest(req, now, in_force)
             else:
-                running.w_max = w_max
+                running.w_max = in_force
         if len(self.running) > len(self.counters):
             # More than there are slots: some finished without a last chunk reaching the
             # streamer (aborts) and nobody has read the statistics since. Bound the memory.

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from nanospec_server.config import Mode, NanoSpecConfig
+from nanospec_server.config import Mode, NanoSpecConfig, requested_w_max
 from nanospec_server.sglang_plugin.request_stats import RequestStats
 from nanospec_server.sglang_plugin.stream_recorder import StreamRecorder
 from nanospec_server.sglang_plugin.verify_capture import LAST_VERIFY, VerifyCandidates
@@ -60,7 +60,8 @@ class NanoSpecRuntime:
         return self.config.mode
 
     def update_settings(self, **changes: int) -> None:
-        """Live W_max / K_pre / K_ver: validated as a whole, effective at the next step."""
+        """Live W_max / K_pre / K_ver: validated as a whole, effective at the next step.
+        A live W_max reaches the requests that did not ask for their own, running ones too."""
         self.config = NanoSpecConfig.model_validate(self.config.model_dump() | changes)
         if self.vocab is not None:
             self.vocab.set_w_max(self.config.w_max)
@@ -94,7 +95,7 @@ class NanoSpecRuntime:
     def _claim_slots(self, reqs, pool_slots: Tensor) -> None:
         """Reset the slots that a new request took over (pool entries are reused), and
         give each new request a vocabulary slot."""
-        fresh, fresh_vocab = [], []
+        fresh, fresh_vocab, own_w_max = [], [], []
         for req in reqs:
             slot = req.kv.req_pool_idx
             owner = self.owners.get(slot)
@@ -107,11 +108,29 @@ class NanoSpecRuntime:
                 fresh.append(slot)
                 if self.slot_pool is not None:
                     fresh_vocab.append(self._claim_vocab_slot(slot))
+                    own_w_max.append(self._own_w_max(req) or 0)
         if fresh:
             fresh_slots = torch.tensor(fresh, dtype=torch.int64, device=pool_slots.device)
             self.stats.reset(fresh_slots)
         if self.vocab is not None and any(fresh_vocab):
-            self.vocab.reset(torch.tensor([s for s in fresh_vocab if s], device=pool_slots.device))
+            claimed = [(s, w) for s, w in zip(fresh_vocab, own_w_max, strict=True) if s]
+            vocab_slots = torch.tensor([s for s, _ in claimed], device=pool_slots.device)
+            self.vocab.reset(vocab_slots)
+            # A request's own W_max holds for its whole life, over any live change.
+            if any(w for _, w in claimed):
+                self.vocab.set_request_w_max(vocab_slots, [w for _, w in claimed])
+
+    def _own_w_max(self, req) -> int | None:
+        """The W_max a request asked for (checked with a 400 by the tokenizer manager;
+        bounded again here so that no path can push a window past its ring)."""
+        own = requested_w_max(req.sampling_params.custom_params)
+        return min(own, self.config.w_cap) if own else None
+
+    def w_max_in_force(self, req) -> int | None:
+        """The W_max of this request's window: its own, else the live one (None: no window)."""
+        if self.vocab is None:
+            return None
+        return self._own_w_max(req) or self.config.w_max
 
     def _claim_vocab_slot(self, pool_index: int) -> int:
         slot = self.slot_pool.claim(pool_index)
@@ -195,6 +214,7 @@ class NanoSpecRuntime:
         stats = self.stats.snapshot(slots, active, length)
         for req, req_stats in zip(reqs, stats, strict=True):
             req_stats["mode"] = self.mode.value
+            req_stats["w_max"] = self.w_max_in_force(req)
             if req.finished():
                 self.stats.remember_finished(req.rid, req_stats)
         return stats

@@ -50,6 +50,11 @@ class FeatureCacheSpec:
     rows_per_shard: int = 32
 
     @property
+    def shard_rows(self) -> int:
+        """Rows per shard: at least one answering batch, or a shard would cap the batch."""
+        return max(self.rows_per_shard, self.gen_batch)
+
+    @property
     def max_prompt_tokens(self) -> int:
         """Longer prompts are skipped: at least half of every row is the target's answer."""
         return self.seq_len // 2
@@ -112,9 +117,9 @@ def build_cache(
     prompts = _prompt_ids(spec, tokenizer)
     shards = []
     with tqdm(total=len(prompts), desc=desc, unit="row", smoothing=0.1) as bar:
-        for index, start in enumerate(range(0, len(prompts), spec.rows_per_shard)):
+        for index, start in enumerate(range(0, len(prompts), spec.shard_rows)):
             shard_path = cache_dir / f"shard-{index:05d}.safetensors"
-            shard_prompts = prompts[start : start + spec.rows_per_shard]
+            shard_prompts = prompts[start : start + spec.shard_rows]
             if not shard_path.is_file():
                 # Similar lengths batched together waste less padding.
                 ordered = sorted(shard_prompts, key=len)

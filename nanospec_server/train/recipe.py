@@ -3,8 +3,9 @@
 Measured on this project's 2-core AMD EPYC box (avx512_bf16) with the two recipes
 running side by side, one thread each, seq_len 320:
 
-* answering (``distill.py``, batches of 32 prompts): Qwen2.5-Coder-0.5B 5.5 s per
-  prompt (~29 answer tokens/s), 1.5B 13 s (~13 tokens/s);
+* answering (``distill.py``, batches of 32 prompts, bf16, before issue 12's grouped
+  attention and 128-prompt batches): Qwen2.5-Coder-0.5B 5.5 s per prompt (~29 answer
+  tokens/s), 1.5B 13 s (~13 tokens/s);
 * head training (8 rows of up to 320 tokens a step, bf16 autocast, LM-head loss on
   1/8 of the positions): 0.5B ~3.3 s/step, 1.5B ~7.6 s/step.
 
@@ -28,7 +29,10 @@ class Recipe:
     warmup_steps: int
     cls_stride: int
     cls_weight: float = 0.1  # EAGLE-1's ratio to the regression loss
-    gen_batch: int = 32  # prompts answered together while collecting features
+    # Prompts answered together while collecting features. A CPU decode step reads every
+    # weight once whatever the batch, so wider batches answer more tokens per minute
+    # (benchmarks/answers.py); 128 rows of 320 tokens hold ~1 GB of 0.5B K/V in fp32.
+    gen_batch: int = 128
     # The target's dtype while answering; auto: fp32 on a CPU, bf16 on CUDA. On this
     # 2-core EPYC fp32 answered 2.06x the answer tokens per minute of bf16, same prompts
     # side by side (benchmarks/answers.py; torch's CPU bf16 matmuls are slower here).
@@ -69,6 +73,7 @@ RECIPES: dict[str, Recipe] = {
         lr=1e-3,
         warmup_steps=10,
         cls_stride=8,
+        gen_batch=64,  # fp32 1.5B is ~7 GB already; 64 rows add ~1.2 GB of K/V
     ),  # fmt: skip
 }
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from nanospec_server.models.paths import cache_root
+from nanospec_server.train.attention import use_grouped_sdpa
 from nanospec_server.train.export import export_head
 from nanospec_server.train.features import (
     FeatureCacheSpec,
@@ -91,6 +92,7 @@ def _feature_caches(request: TrainRequest, target_dir: Path, hidden_size: int, d
     dirs = {split: cache_dir_for(root, target_dir, spec) for split, spec in specs.items()}
     if not all((d / "manifest.json").is_file() for d in dirs.values()):
         target = load_target(target_dir, device, dtype)
+        use_grouped_sdpa(target)  # batched answering without K/V copies (attention.py)
         tokenizer = load_tokenizer(target_dir)
         eos_ids = _eos_ids(target_dir, tokenizer)
         for split in (Split.VAL, Split.TRAIN):  # validation first: a quick sanity check

@@ -6,6 +6,9 @@ Per step, the serving worker calls, for the requests of its batch (``slots``):
     vocab.refresh(slots)                 # incremental update of the packed head
     probs, ids = vocab.topk(hidden, row_slots, k)
 
+W_max has two levels: the live setting (``set_w_max``), and a request's own W_max
+(``set_request_w_max``, kept on the device per slot), which wins while the slot is held.
+
 See docs/vocab.md for the definition of the active vocabulary and the design.
 """
 
@@ -51,6 +54,11 @@ class DynamicVocab:
         self.static_shapes = self.device.type == "cuda" if static_shapes is None else static_shapes
         self.vocab_size, self.w_cap = vocab_size, w_cap
         self.always_active = sorted(set(always_active))
+        # The live W_max, on the device too so that steps read it without a host copy,
+        # and each slot's own W_max (0: the slot follows the live one).
+        self.live_w_max = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.request_w_max = torch.zeros(num_slots, dtype=torch.int64, device=self.device)
+        self._side_stream, self._refreshed = None, None
         self.set_w_max(w_max)
         max_batch = max_batch if max_batch is not None else max(num_slots - 1, 1)
         self.window = WindowState(vocab_size, w_cap, num_slots, self.device)
@@ -71,7 +79,6 @@ class DynamicVocab:
         # that map local top-k rows back to token ids (an impossible row is never chosen
         # unless a request has fewer active tokens than k, and then any valid id will do).
         self.row_token_ids = self.head.ids.clamp(min=0)
-        self._side_stream, self._refreshed = None, None
         if self.device.type == "cuda" and overlap:
             self._side_stream = torch.cuda.Stream(self.device)
             self._refreshed = torch.cuda.Event()
@@ -94,6 +101,7 @@ class DynamicVocab:
         else:
             self.head.apply(self.window.release(slots), self.row_token_ids)
         self.window.reset(slots)
+        self.request_w_max[slots] = 0
 
     def append(self, slots: Tensor, tokens: Tensor, valid: Tensor | None = None) -> None:
         self._wait_for_refresh()
@@ -109,9 +117,26 @@ class DynamicVocab:
             self.window.append(slots, tokens, valid)
 
     def set_w_max(self, w: int) -> None:
+        """The live W_max: every slot without a W_max of its own, from its next refresh."""
         if not 1 <= w <= self.w_cap:
             raise ValueError(f"w_max must be in [1, {self.w_cap}], got {w}")
         self.w_max = int(w)
+        self._wait_for_refresh()  # a pending refresh reads the old value
+        self.live_w_max.fill_(self.w_max)
+
+    def set_request_w_max(self, slots: Tensor, w_max: Sequence[int]) -> None:
+        """Give these slots a W_max of their own (0: follow the live one again), in force
+        from their next refresh until ``reset``. Host values: this is admission, not a step."""
+        bad = [w for w in w_max if not 0 <= w <= self.w_cap]
+        if bad:
+            raise ValueError(f"a slot's w_max must be in [0, {self.w_cap}], got {bad[0]}")
+        values = torch.tensor(list(w_max), dtype=torch.int64)
+        self.request_w_max[slots.to(self.device, torch.int64)] = values.to(self.device)
+
+    def w_max_of(self, slots: Tensor) -> Tensor:
+        """[B] the W_max in force for each slot: its own, else the live one (device op)."""
+        own = self.request_w_max[slots.to(self.device, torch.int64)]
+        return torch.where(own > 0, own, self.live_w_max)
 
     def refresh(self, slots: Tensor) -> None:
         """Apply these slots' window changes to the packed head.
@@ -123,15 +148,17 @@ class DynamicVocab:
         slots = slots.to(self.device, torch.int64).contiguous()
         if self._side_stream is None:
             if self._cpu is not None:
-                self.head.record_dropped(self._cpu.refresh(slots, self.w_max))
+                self.head.record_dropped(self._cpu.refresh(slots, self.w_max_of(slots)))
                 torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
             else:
-                self.head.apply(self.window.refresh(slots, self.w_max), self.row_token_ids)
+                self.head.apply(
+                    self.window.refresh(slots, self.w_max_of(slots)), self.row_token_ids
+                )
             return
         caller = torch.cuda.current_stream(self.device)
         self._side_stream.wait_stream(caller)
         with torch.cuda.stream(self._side_stream):
-            self.head.apply(self.window.refresh(slots, self.w_max), self.row_token_ids)
+            self.head.apply(self.window.refresh(slots, self.w_max_of(slots)), self.row_token_ids)
             self._refreshed.record(self._side_stream)
         if not torch.cuda.is_current_stream_capturing():  # a graph keeps its inputs alive
             slots.record_stream(self._side_stream)
@@ -223,13 +250,12 @@ class DynamicVocab:
     def active_size(self, slots: Tensor) -> Tensor:
         """|I| per slot: distinct tokens of the current window, plus always-active ones."""
         slots = slots.to(self.device, torch.int64)
-        _, in_window = self.window.window_tokens(slots, self.w_max)
+        w_max = self.w_max_of(slots)
+        _, in_window = self.window.window_tokens(slots, w_max)
         size = in_window.sum(1)
         if self.always_active:
             pinned = torch.tensor(self.always_active, device=self.device)
-            pinned_in_window = self.window.contains(
-                slots, pinned.expand(len(slots), -1), self.w_max
-            )
+            pinned_in_window = self.window.contains(slots, pinned.expand(len(slots), -1), w_max)
             size += len(self.always_active) - pinned_in_window.sum(1)
         return size
 
@@ -239,7 +265,7 @@ class DynamicVocab:
     def contains(self, slots: Tensor, tokens: Tensor) -> Tensor:
         """Membership of ``tokens[b, :]`` in the current active set of ``slots[b]``."""
         slots, tokens = slots.to(self.device, torch.int64), tokens.to(self.device, torch.int64)
-        found = self.window.contains(slots, tokens, self.w_max)
+        found = self.window.contains(slots, tokens, self.w_max_of(slots))
         if self.always_active:
             found |= torch.isin(tokens, torch.tensor(self.always_active, device=self.device))
         return found

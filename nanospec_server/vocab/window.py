@@ -17,6 +17,9 @@ slot stores:
 Token v is active iff ``last_pos[v] >= length - W_max``: it leaves the window only when its
 *latest* occurrence does. Memory per slot is O(V + W_cap), independent of |S|.
 
+W_max is per slot: the methods below take one int for every slot of the call or a [B]
+device tensor, one W_max per row of ``slots`` (each <= W_cap, which the ring holds).
+
 Every array has one spare "dump" column (index V or W_cap). Masked entries of a batched
 write are sent there, so writes need no data-dependent shapes (no host sync, graph-safe).
 """
@@ -27,6 +30,9 @@ import torch
 from torch import Tensor
 
 from nanospec_server import ops
+
+# One window length for every slot of a call, or a [B] int64 tensor: one per row of slots.
+WMax = int | Tensor
 
 
 @dataclass
@@ -100,10 +106,10 @@ class WindowState:
         ops.window_append(self.ring, self.last_pos, slots, tokens, positions, valid, in_ring)
         self.length[slots] += count.squeeze(1)
 
-    def window_start(self, slots: Tensor, w_max: int) -> Tensor:
+    def window_start(self, slots: Tensor, w_max: WMax) -> Tensor:
         return (self.length[slots] - w_max).clamp(min=0)
 
-    def window_tokens(self, slots: Tensor, w_max: int) -> tuple[Tensor, Tensor]:
+    def window_tokens(self, slots: Tensor, w_max: WMax) -> tuple[Tensor, Tensor]:
         """The distinct tokens of each slot's window: ([B, W_cap] tokens, [B, W_cap] mask).
 
         Ring column c holds the latest position p < length with p % W_cap == c; a token is
@@ -116,11 +122,11 @@ class WindowState:
         latest = self.last_pos[slots.unsqueeze(1), tokens] == positions
         return tokens, in_window & latest
 
-    def contains(self, slots: Tensor, tokens: Tensor, w_max: int) -> Tensor:
+    def contains(self, slots: Tensor, tokens: Tensor, w_max: WMax) -> Tensor:
         start = self.window_start(slots, w_max).unsqueeze(1)
         return self.last_pos[slots.unsqueeze(1), tokens.to(torch.int64)] >= start
 
-    def refresh(self, slots: Tensor, w_max: int) -> WindowDiff:
+    def refresh(self, slots: Tensor, w_max: WMax) -> WindowDiff:
         """Bring ``members``/``in_set`` of these slots to their current windows.
 
         On CUDA one Triton kernel does it (``ops.window_refresh``), also emitting the
@@ -131,7 +137,7 @@ class WindowState:
             return WindowDiff(slots, *fused)
         return self.refresh_reference(slots, w_max)
 
-    def refresh_reference(self, slots: Tensor, w_max: int) -> WindowDiff:
+    def refresh_reference(self, slots: Tensor, w_max: WMax) -> WindowDiff:
         rows = slots.unsqueeze(1)
         dump = self.w_cap
         # Leave: members whose latest occurrence fell out of the window.

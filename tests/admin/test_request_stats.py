@@ -51,6 +51,15 @@ def test_running_then_finished_with_totals(monkeypatch) -> None:
     assert stats.finished["r2"]["state"] == "finished" and stats.finished["r2"]["finished_at"]
 
 
+def test_a_requests_own_w_max_is_the_one_in_force() -> None:
+    stats = RequestStats(num_slots=4, vocab_size=100, device=torch.device("cpu"))
+    reqs = [Req("own", [1]), Req("live", [1])]
+    own = {"own": 16}
+    for live in (64, 32):  # a live change reaches only the request without its own
+        stats.track(reqs, live, lambda req, live=live: own.get(req.rid, live))
+    assert [running.w_max for running in stats.running.values()] == [16, 32]
+
+
 def test_finished_requests_are_not_tracked() -> None:
     stats = RequestStats(num_slots=2, vocab_size=10, device=torch.device("cpu"))
     stats.track([Req("x", [1], done=True)], w_max=8)

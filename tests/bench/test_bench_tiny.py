@@ -22,7 +22,7 @@ def test_side_by_side_run_is_lossless_reports_and_resumes(tmp_path: Path) -> Non
     # every draft token is accepted; NanoSpec accepts only what its window holds.
     settings = BenchSettings(
         target="agree-target", eagle=["agree-eagle"], standalone=[], tiny=True,
-        shape=(NUM_STEPS, 1, NUM_STEPS + 1), modes=["full", "nanospec"],
+        shapes=[(NUM_STEPS, 1, NUM_STEPS + 1)], modes=["full", "nanospec"],
         tasks=["conversation", "code"], limit_per_task=1, max_new_tokens=16,
         dtype="float32", max_total_tokens=8192,
     )  # fmt: skip

@@ -11,7 +11,8 @@ from nanospec_server.bench.report import write_report
 from nanospec_server.bench.summary import OVERALL, lossless, summarize
 
 REFS = {"ar": None, "eagle-full": None, "eagle-nanospec": "eagle-full",
-        "eagle-static-32k": "eagle-full", "eagle-ctx-only": "eagle-full"}  # fmt: skip
+        "eagle-static-32k": "eagle-full", "eagle-ctx-only": "eagle-full",
+        "eagle-nanospec-p512": "eagle-full"}  # fmt: skip
 
 
 def stats(coverage: float, active: float, rows: float) -> dict:
@@ -27,8 +28,10 @@ def item(prompt: str, task: str, out: list[int], latency: float, accept=None, st
 
 def records() -> list[dict]:
     """Two prompts; each config's seconds per prompt are the AR seconds / speed-up."""
-    speed = {"ar": 1.0, "eagle-full": 2.0, "eagle-nanospec": 3.0, "eagle-static-32k": 2.5, "eagle-ctx-only": 2.2}  # fmt: skip
-    accept = {"ar": None, "eagle-full": 3.0, "eagle-nanospec": 2.9, "eagle-static-32k": 2.5, "eagle-ctx-only": 2.0}  # fmt: skip
+    speed = {"ar": 1.0, "eagle-full": 2.0, "eagle-nanospec": 3.0, "eagle-static-32k": 2.5, "eagle-ctx-only": 2.2,
+             "eagle-nanospec-p512": 2.4}  # fmt: skip
+    accept = {"ar": None, "eagle-full": 3.0, "eagle-nanospec": 2.9, "eagle-static-32k": 2.5, "eagle-ctx-only": 2.0,
+              "eagle-nanospec-p512": 2.95}  # fmt: skip
     out = []
     for config, s in speed.items():
         for prompt, task in (("qa/1", "qa"), ("code/2", "code")):
@@ -60,6 +63,23 @@ def test_ratios_are_paired_and_figures_weighted() -> None:
     assert table["eagle-full"]["qa"]["vs_ar"]["median"] == pytest.approx(2.0)
 
 
+def test_ratio_to_full_across_groups_goes_through_ar() -> None:
+    # Servers in pairs: full beside ar in group 0, nanospec beside ar in group 1, where
+    # the machine ran twice as slow (ar too): the ratio to full is taken through ar.
+    def record(group: int, config: str, seconds: float) -> dict:
+        return {"key": f"g{group}|{config}", "group": group, "config": config, "turn": 0,
+                "repeat": 0, "concurrency": 1, "wall_s": seconds,
+                "items": [item("qa/1", "qa", [1, 2, 3, 4], seconds, 3.0 if config != "ar" else None)]}  # fmt: skip
+
+    runs = [record(0, "ar", 4.0), record(0, "eagle-full", 2.0),
+            record(1, "ar", 8.0), record(1, "eagle-nanospec", 3.2)]  # fmt: skip
+    table = summarize(runs, {"ar": None, "eagle-full": None, "eagle-nanospec": "eagle-full"})[1]
+    nano = table["eagle-nanospec"][OVERALL]
+    assert nano["vs_ar"]["median"] == pytest.approx(2.5)  # beside its own ar
+    assert nano["vs_full"]["median"] == pytest.approx(2.5 / 2.0)  # not 2.0 / 3.2
+    assert nano["vs_full"]["pairs"] == 1
+
+
 def test_lossless_counts_differences_from_ar() -> None:
     checks = lossless(records())
     assert checks["compared"]["eagle-static-32k"] == {"outputs": 2, "differing": 1}
@@ -79,6 +99,10 @@ def test_report_writes_tables_and_figures(tmp_path: Path) -> None:
     assert "| eagle-nanospec | 6.00 | 3.00x [3.00-3.00] | 1.50x [1.50-1.50] |" in text
     assert "Ablations (Table 5)" in text and "eagle-ctx-only" in text
     assert "| eagle-static-32k | 2 | 1 |" in text
+    # The hybrid vocabulary beside its k = 0 base: prior k, coverage, accept, rows, tok/s.
+    assert "Hybrid vocabulary" in text
+    assert "| eagle-nanospec | 0 | 0.900 | 2.90 | 600 | 6.00 | 3.00x" in text
+    assert "| eagle-nanospec-p512 | 512 | 0.900 | 2.95 | 600 | 4.80 | 2.40x" in text
     assert "log-prob gap -0.0100" in text  # a near-tie, told apart from a bug
     for png in ("tokens_per_s_c1.png", "accept_length_c1.png", "coverage_c1.png"):
         assert (tmp_path / png).stat().st_size > 1000

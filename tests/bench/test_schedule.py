@@ -43,6 +43,11 @@ def test_groups_hold_the_anchors_and_cover_every_config(n_others: int, max_serve
     assert groups(configs, anchors, None) == [configs]
 
 
-def test_too_few_servers_for_the_anchors_is_an_error() -> None:
-    with pytest.raises(ValueError, match="max_servers must exceed the 2 anchors"):
-        groups(["ar", "full", "x"], ["ar", "full"], 2)
+def test_two_servers_pair_each_config_with_ar_alone() -> None:
+    got = groups(["ar", "full", "x", "y"], ["ar", "full"], 2)
+    assert got == [["ar", "full"], ["ar", "x"], ["ar", "y"]]
+
+
+def test_one_server_is_an_error() -> None:
+    with pytest.raises(ValueError, match="max_servers must exceed the anchor"):
+        groups(["ar", "full", "x"], ["ar", "full"], 1)

@@ -1,10 +1,12 @@
 """Run by test_window_refresh.py under TRITON_INTERPRET=1 (and by the device check on a
-GPU): the fused window refresh against WindowState's torch code, on random windows."""
+GPU): the fused window refresh against WindowState's torch code, on random windows with
+one W_max per slot (or one for the batch)."""
 
 import sys
 
 import torch
 
+from nanospec_server import ops
 from nanospec_server.ops import triton_kernels
 from nanospec_server.vocab.window import WindowState
 
@@ -38,11 +40,15 @@ def run(device: str, seeds: range) -> None:
             length = int(torch.randint(0, 2 * w_cap + 2, (1,), generator=gen))
             tokens = torch.randint(0, vocab_size, (len(slots), length), generator=gen)
             valid = torch.rand(len(slots), length, generator=gen) < 0.8
-            w_max = int(torch.randint(1, w_cap + 1, (1,), generator=gen))
+            # One W_max per slot (requests with their own), or one for the batch.
+            w_max = torch.randint(1, w_cap + 1, (len(slots),), generator=gen).to(device)
+            if seed % 3 == 0:
+                w_max = int(w_max[0])
             for window in (fused, torch_path):
                 window.append(slots.to(device), tokens.to(device), valid.to(device))
             state = (fused.ring, fused.length, fused.last_pos, fused.members, fused.in_set)
-            *got, compact = triton_kernels.window_refresh(*state, slots.to(device), w_max)
+            rows_w_max = ops.w_max_per_row(w_max, slots.to(device))
+            *got, compact = triton_kernels.window_refresh(*state, slots.to(device), rows_w_max)
             want = torch_path.refresh_reference(slots.to(device), w_max)
             check_compact(compact, want)
             expected = (want.enter_tokens, want.enter, want.leave_tokens, want.leave)

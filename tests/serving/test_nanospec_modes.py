@@ -104,6 +104,11 @@ def test_mode_is_lossless_with_consistent_stats(
             check_stats(last_stats(result), mode)
         if mode in DYNAMIC:
             check_live_w_max(url, mode)
+        else:  # no window: a request's own W_max is refused, and the server carries on
+            body = {"input_ids": PROMPTS[0], "sampling_params": {"custom_params": {"w_max": 8}}}
+            refused = requests.post(f"{url}/generate", json=body, timeout=60)
+            assert refused.status_code == 400 and f"nanospec-mode {mode}" in refused.text
+            assert generate(url, PROMPTS[0], MAX_NEW[0])["output_ids"] == plain_outputs[0]
 
 
 def check_stats(stats: dict, mode: str) -> None:

@@ -32,6 +32,12 @@ def test_the_answering_dtype_is_part_of_the_cache_key(tmp_path: Path) -> None:
     assert cache_dir_for(tmp_path, model_dir, spec) != cache_dir_for(tmp_path, model_dir, other)
 
 
+def test_a_shard_holds_at_least_one_answering_batch() -> None:
+    spec = FeatureCacheSpec(Split.TRAIN, rows=256, seq_len=64, seed=0, gen_batch=16)
+    assert spec.shard_rows == spec.rows_per_shard == 32
+    assert replace(spec, gen_batch=128).shard_rows == 128
+
+
 def test_a_narrow_head_exports_its_width(tmp_path: Path) -> None:
     target_dir = tiny_model_path("tiny-target")
     target_config = read_config(target_dir)

@@ -20,6 +20,7 @@ from nanospec_server.models.chat import encode_user_turns
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.reference import eagle_logits
 from nanospec_server.models.tiny.spec import DRAFT_SHAPE
+from nanospec_server.train.attention import use_grouped_sdpa
 from nanospec_server.train.cli import add_train_command, recipe_key
 from nanospec_server.train.distill import DistilledRows, generate_rows
 from nanospec_server.train.head import EagleHead, HeadConfig
@@ -126,12 +127,29 @@ def _plain_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], torc
     return ids, hidden
 
 
-def test_answers_match_a_plain_greedy_loop() -> None:
-    """Batched, left-padded, cached generation gives each row what the target alone gives."""
+def _random_prompts(count: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 21, (count,), generator=generator).tolist()
+    return [torch.randint(5, 200, (n,), generator=generator).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize(
+    "prompts",
+    [[list(range(5, 5 + n)) for n in (3, 11, 7, 20, 4)], _random_prompts(48, seed=1)],
+    ids=["5 prompts", "48 random prompts"],  # the second: one batch of the size recipes use
+)
+@pytest.mark.parametrize("grouped", [False, True], ids=["sdpa", "grouped_sdpa"])
+def test_answers_match_a_plain_greedy_loop(prompts: list[list[int]], grouped: bool) -> None:
+    """Batched, left-padded, cached generation gives each row what the target alone gives
+    (rows cut short when few are left included: they hold a prefix of it); the reference
+    runs transformers' own attention, the batch also the recipe's grouped_sdpa."""
     model = _tiny_target_fp32()
-    prompts = [list(range(5, 5 + n)) for n in (3, 11, 7, 20, 4)]
+    answering = _tiny_target_fp32()
+    if grouped:
+        use_grouped_sdpa(answering)
+        assert answering.config._attn_implementation == "nanospec_grouped_sdpa"
     seq_len = 40
-    rows = generate_rows(model, prompts, seq_len, eos_ids={1}, device=torch.device("cpu"))
+    rows = generate_rows(answering, prompts, seq_len, eos_ids={1}, device=torch.device("cpu"))
     for row, prompt in enumerate(prompts):
         length = int(rows.lengths[row])
         want_ids, want_hidden = _plain_greedy(model, prompt, length - len(prompt))

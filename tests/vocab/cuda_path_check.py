@@ -1,6 +1,6 @@
 """Run by test_cuda_path_interpreted.py under TRITON_INTERPRET=1 (and by the device check
 on a GPU): the CUDA path (fixed shapes, Triton kernels) against the torch reference path,
-on random streams, with a union buffer that sometimes overflows."""
+on random streams and per-request W_max, with a union buffer that sometimes overflows."""
 
 import sys
 
@@ -30,6 +30,13 @@ def run(device: str, seeds: range, vocab_size: int = 211, hidden: int = 32) -> N
             tokens = torch.randint(0, vocab_size, (len(slots), w_cap), generator=gen)
             valid = torch.rand(len(slots), w_cap, generator=gen) < 0.8
             hidden_rows = torch.randn(2 * len(slots), hidden, generator=gen)
+            if step % 4 == 1:  # requests with a W_max of their own (0: the live one)
+                own = torch.randint(0, w_cap + 1, (len(slots),), generator=gen).tolist()
+                fast.set_request_w_max(slots.to(device), own)
+                slow.set_request_w_max(slots, own)
+            if step == 6:
+                fast.set_w_max(max(1, w_cap // 2))
+                slow.set_w_max(max(1, w_cap // 2))
             fast.append(slots.to(device), tokens.to(device), valid.to(device))
             fast.refresh(slots.to(device))
             probs, ids = fast.topk(hidden_rows.to(device), slots.repeat_interleave(2).to(device), 4)

@@ -98,6 +98,41 @@ def test_w_max_changes_take_effect_at_the_next_refresh():
             vocab.set_w_max(bad)
 
 
+def step_together(vocab, naive, tokens: dict[int, list[int]]) -> None:
+    """Append to several slots and refresh them in one call (one W_max per row)."""
+    for slot, row in tokens.items():
+        vocab.append(torch.tensor([slot]), torch.tensor([row], dtype=torch.int64))
+        naive.append(slot, row)
+    vocab.refresh(torch.tensor(list(tokens)))
+    for slot in tokens:
+        naive.refresh(slot)
+    check_state(vocab, naive, [1, 2, 3])
+    check_contains(vocab, naive, [0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_a_slots_own_w_max_wins_over_the_live_one_until_reset(backend):
+    with ops_backend(backend):
+        vocab, naive = make(w_cap=8, w_max=8)
+        slots = torch.tensor([1, 2, 3])
+        vocab.set_request_w_max(torch.tensor([2, 3]), [2, 5])
+        naive.own_w_max.update({2: 2, 3: 5})
+        step_together(vocab, naive, {1: list(range(10)), 2: list(range(10)), 3: list(range(10))})
+        assert vocab.w_max_of(slots).tolist() == [8, 2, 5]
+        assert vocab.active_size(slots).tolist() == [8, 2, 5]
+        vocab.set_w_max(3)  # a live change reaches slot 1 only
+        naive.w_max = 3
+        step_together(vocab, naive, {3: [], 1: [], 2: []})
+        assert vocab.active_size(slots).tolist() == [3, 2, 5]
+        vocab.reset(torch.tensor([2]))  # the slot's next request follows the live W_max
+        naive.reset(2)
+        step_together(vocab, naive, {2: list(range(20, 30)), 1: [40]})
+        assert vocab.w_max_of(slots).tolist() == [3, 3, 5]
+        for bad in (-1, 9):
+            with pytest.raises(ValueError, match="w_max"):
+                vocab.set_request_w_max(torch.tensor([1]), [bad])
+
+
 def test_rows_computed_is_the_union_size():
     vocab, naive = make(w_cap=8, w_max=8)
     step(vocab, naive, 1, [1, 2, 3])

@@ -1,7 +1,7 @@
 """Property tests: DynamicVocab against the naive definition (tests/vocab/vocab_oracle.py).
 
-Random batches of appends (with masks), refreshes, resets (slot reuse) and W_max changes
-over a few slots; after every refresh the active sets, the union buffer, the statistics
+Random batches of appends (with masks), refreshes, resets (slot reuse), live W_max
+changes and per-slot W_max (a request's own, 0: back to the live one) over a few slots; after every refresh the active sets, the union buffer, the statistics
 and topk must agree with the oracle.
 """
 
@@ -30,6 +30,7 @@ def operation(w_cap: int):
         st.tuples(st.just("refresh"), slots),
         st.tuples(st.just("reset"), slots),
         st.tuples(st.just("w_max"), st.integers(1, w_cap)),
+        st.tuples(st.just("own_w_max"), slots, st.data()),
         st.tuples(st.just("topk"), slots, st.integers(1, 6)),
     )
 
@@ -115,6 +116,14 @@ def run_scenario(scenario, seed, device="cpu", static_shapes=None):
         elif kind == "w_max":
             vocab.set_w_max(args[0])
             naive.w_max = args[0]
+        elif kind == "own_w_max":
+            slots, data = args
+            values = data.draw(
+                st.lists(st.integers(0, vocab.w_cap), min_size=len(slots), max_size=len(slots))
+            )
+            vocab.set_request_w_max(torch.tensor(slots), values)
+            for slot, value in zip(slots, values, strict=True):
+                naive.own_w_max[slot] = value
         else:
             slots, k = args
             check_topk(vocab, naive, slots, k, seed)

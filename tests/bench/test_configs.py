@@ -1,0 +1,74 @@
+"""Configuration names and the `nanospec serve` flags each one runs with."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from nanospec_server.bench.cli import add_bench_command, settings_from
+from nanospec_server.bench.configs import Draft, build_configs, drafts_for, full_vocab_reference
+
+
+def flag(config, name: str) -> str | None:
+    flags = list(config.flags)
+    return flags[flags.index(name) + 1] if name in flags else None
+
+
+def test_prior_sizes_make_one_nanospec_config_each_with_its_flag(tmp_path: Path) -> None:
+    draft = Draft("STANDALONE", tmp_path)  # an existing directory is taken as the draft
+    configs = build_configs([draft], ["full", "nanospec", "sync"], [], [3072, 512], {}, [0, 2048])
+    names = [c.name for c in configs]
+    assert names == [
+        "ar", "standalone-full", "standalone-nanospec", "standalone-nanospec-p2048",
+        "standalone-nanospec-w512", "standalone-nanospec-w512-p2048", "standalone-sync",
+    ]  # fmt: skip
+    by_name = {c.name: c for c in configs}
+    assert flag(by_name["standalone-nanospec-p2048"], "--nanospec-prior-k") == "2048"
+    assert flag(by_name["standalone-nanospec-w512-p2048"], "--nanospec-w-max") == "512"
+    # k = 0 is the paper's method and the server's default: no flag, the plain name.
+    assert flag(by_name["standalone-nanospec"], "--nanospec-prior-k") is None
+    assert by_name["standalone-nanospec-p2048"].prior_k == 2048
+    # The prior applies to NanoSpec only; the ablations keep the paper's window.
+    assert flag(by_name["standalone-sync"], "--nanospec-prior-k") is None
+    assert full_vocab_reference(configs, by_name["standalone-nanospec-p2048"]) == "standalone-full"
+    assert flag(by_name["standalone-full"], "--speculative-algorithm") == "STANDALONE"
+
+
+def parse(*argv: str):
+    parser = argparse.ArgumentParser()
+    add_bench_command(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "run", *argv])
+    return settings_from(args, parser)
+
+
+def test_cli_prior_k_and_the_prior_preset() -> None:
+    assert parse("--prior-k", "0", "512", "2048").prior_ks == [0, 512, 2048]
+    assert parse().prior_ks == [0]
+    preset = parse("--analysis", "prior")
+    assert preset.prior_ks == [0, 512, 2048, 8192] and preset.modes == ["full", "nanospec"]
+    quick = parse("--quick")
+    assert quick.limit_per_task == 1 and quick.max_new_tokens == 32
+    assert quick.modes == ["full", "nanospec"]  # ar + 2: three servers, one start
+
+
+def test_cli_refuses_a_negative_prior(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse("--prior-k", "-1")
+    assert exit_info.value.code == 2 and "--prior-k" in capsys.readouterr().err
+
+
+def test_several_drafts_and_shapes_get_names_of_their_own(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    drafts = drafts_for("EAGLE", [a, b], [(4, 1, 5), (4, 4, 8)])
+    configs = build_configs(drafts, ["full"], [], [3072], {})
+    assert [c.name for c in configs] == [
+        "ar", "eagle1_4x1x5-full", "eagle1_4x4x8-full", "eagle2_4x1x5-full", "eagle2_4x4x8-full",
+    ]  # fmt: skip
+    tree = {c.name: c for c in configs}["eagle2_4x4x8-full"]
+    assert flag(tree, "--speculative-draft-model-path") == str(b)
+    assert flag(tree, "--speculative-eagle-topk") == "4"
+    assert [d.label for d in drafts_for("STANDALONE", [a], [(4, 1, 5)])] == ["standalone"]
+    assert parse("--shape", "4,1,5", "4,4,8").shapes == [(4, 1, 5), (4, 4, 8)]
