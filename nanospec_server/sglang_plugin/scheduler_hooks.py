@@ -25,6 +25,10 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
         from nanospec_server.host import scheduler_cpu_threads
 
         torch.set_num_threads(scheduler_cpu_threads())
+        from nanospec_server.sglang_plugin.cpu_linear import install_cpu_linear_hooks
+
+        if install_cpu_linear_hooks():
+            HookRegistry.apply_hooks()  # before the model loads, with or without speculation
     if not server_args.speculative_algorithm:
         return
     from nanospec_server.admin import metrics

@@ -1,0 +1,130 @@
+"""fp32 linear layers and LM heads on CPU through oneDNN with prepacked weights.
+
+Why: speculative decoding pays only if verifying k tokens costs little more than decoding
+one. On a CPU without AMX, SGLang's linear layers run ``F.linear``, whose small-M GEMM
+repacks the whole weight on every call: a 5-token verify of the 0.5B target costs 2.9x a
+one-token decode in fp32 (4.0x in bf16, which has no fast kernel on AVX2), so speculation
+barely breaks even. oneDNN's linear over a weight packed once at load reads the packed
+weight as it is: 5 tokens cost ~1.5x one (``benchmarks/cpu_linear.py`` measures it).
+
+Also why: a row's result does not depend on how many rows share the call (the packed
+kernel is batch-invariant, ``F.linear`` is not: its GEMV and GEMM round differently), so
+a verify pass and a one-token decode compute the same logits for the same position,
+which is what token-identical speculative decoding needs.
+
+Scope: CPU tensors in float32 only (oneDNN's bf16 path needs AVX-512 or AVX-NE-CONVERT;
+on CPUs with AMX SGLang's own packed kernels serve instead). Linear layers are packed in
+place at load (no second copy); an unquantized LM head is packed on first use, once per
+distinct weight (the EAGLE draft shares the target's), beside the embedding that still
+needs the plain rows. ``NANOSPEC_CPU_LINEAR=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+ENV = "NANOSPEC_CPU_LINEAR"
+UNQUANT = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod"
+LOGITS = "sglang.srt.layers.logits_processor"
+# oneDNN's blocking for up to this many rows; results stay identical for any row count.
+PACK_BATCH_HINT = 8
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0" and torch.backends.mkldnn.is_available()
+
+
+def packable(weight: Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
+
+
+def pack(weight: Tensor) -> Tensor:
+    """The weight [N, K] in oneDNN's blocked layout (an opaque mkldnn tensor)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_BATCH_HINT)
+
+
+def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear(x, W, bias)`` for W packed by ``pack``; any leading shape."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def after_loading_hook(original: Callable, method, layer: torch.nn.Module) -> None:
+    """AROUND ``UnquantizedLinearMethod.process_weights_after_loading``: pack in place."""
+    original(method, layer)
+    weight = getattr(layer, "weight", None)
+    if weight is not None and packable(weight):
+        layer.weight = torch.nn.Parameter(pack(weight), requires_grad=False)
+        layer.nanospec_packed = True
+
+
+def apply_hook(original: Callable, method, layer, x: Tensor, bias: Tensor | None = None):
+    """AROUND ``UnquantizedLinearMethod.apply``: the packed kernel for packed layers."""
+    if getattr(layer, "nanospec_packed", False) and x.dtype == torch.float32:
+        return packed_linear(x, layer.weight, bias)
+    return original(method, layer, x, bias)
+
+
+class PackedHeads:
+    """One packed copy per distinct LM-head weight, made on first use."""
+
+    def __init__(self) -> None:
+        self.by_weight: dict[tuple[int, tuple[int, ...]], Tensor] = {}
+
+    def get(self, weight: Tensor) -> Tensor:
+        key = (weight.data_ptr(), tuple(weight.shape))
+        if key not in self.by_weight:
+            self.by_weight[key] = pack(weight)
+            logger.info("nanospec: LM head %s packed for oneDNN", list(weight.shape))
+        return self.by_weight[key]
+
+
+PACKED_HEADS = PackedHeads()
+
+
+def lm_head_hook(original: Callable, processor, hidden: Tensor, lm_head, *args, **kwargs):
+    """AROUND ``LogitsProcessor._compute_lm_head``: plain fp32 CPU heads use the packed
+    kernel; LoRA, quantized, biased and our own packed draft heads go the original way."""
+    import importlib
+
+    logits_module = importlib.import_module(LOGITS)
+    bias = args[0] if args else kwargs.get("embedding_bias")
+    weight = getattr(lm_head, "weight", None)
+    plain = (
+        weight is not None
+        and bias is None
+        and not hasattr(lm_head, "set_lora")
+        and not logits_module.should_apply_lm_head_quant_method(
+            lm_head, getattr(lm_head, "quant_method", None)
+        )
+        and hidden.dtype == torch.float32
+        and packable(weight)
+    )
+    if not plain:
+        return original(processor, hidden, lm_head, *args, **kwargs)
+    return packed_linear(hidden, PACKED_HEADS.get(weight), None)
+
+
+def install_cpu_linear_hooks() -> bool:
+    """Register the hooks (the caller applies them). Returns whether it did."""
+    if not enabled():
+        return False
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(
+        f"{UNQUANT}.process_weights_after_loading", after_loading_hook, HookType.AROUND
+    )
+    HookRegistry.register(f"{UNQUANT}.apply", apply_hook, HookType.AROUND)
+    HookRegistry.register(
+        f"{LOGITS}.LogitsProcessor._compute_lm_head", lm_head_hook, HookType.AROUND
+    )
+    logger.info("nanospec: fp32 CPU linear layers and LM heads use oneDNN packed weights")
+    return True
