@@ -89,7 +89,8 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--dtype", help="server --dtype (default bfloat16)")
     run.add_argument("--max-servers", type=_positive,
                      help="servers up at once (groups keep ar and the full-vocab drafts in each; "
-                          "with 2, ar alone, and ratios to full go through ar)")  # fmt: skip
+                          "with 2, ar alone, and ratios to full go through ar; with 1, one "
+                          "server at a time, for an idle host only)")  # fmt: skip
     run.add_argument("--max-total-tokens", type=_positive, help="each server's KV pool")
     run.add_argument(
         "--token-map-corpus", nargs="+", help="FR-Spec corpus (default: Python stdlib)"

@@ -24,7 +24,8 @@ def write_report(run_dir: Path) -> Path:
     info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines() if line.strip()]  # fmt: skip
     references = info["references"]
-    summary = summarize(records, references)
+    side_by_side = any(len(g) > 1 for g in info.get("groups", [[]]))
+    summary = summarize(records, references, side_by_side)
     checks = lossless(records)
     (run_dir / "summary.json").write_text(
         json.dumps({"run": info, "results": summary, "lossless": checks}, indent=2)
@@ -36,6 +37,8 @@ def write_report(run_dir: Path) -> Path:
         f"- command: `{info['command']}`",
         f"- versions: {', '.join(f'{k} {v}' for k, v in info['versions'].items() if v)}",
         f"- hardware: {info['hardware']}",
+        *([] if side_by_side else ["- one server at a time (`--max-servers 1`): ratios are "
+                                   "taken across consecutive servers, not side by side"]),
         f"- target: `{s['target']}`, dtype {s['dtype']}, greedy, max new tokens **{s['max_new_tokens']}**, "
         f"{s['limit_per_task'] or 'all'} prompt(s) per task (seed {s['seed']}), {s['repeats']} repeat(s), "
         f"concurrency {s['concurrency']}",

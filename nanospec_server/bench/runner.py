@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from nanospec_server.bench.configs import AR, BenchConfig
 from nanospec_server.bench.data import BenchPrompt, encode_chat
-from nanospec_server.bench.schedule import Batch
+from nanospec_server.bench.schedule import Batch, anchor_group
 from nanospec_server.bench.server import generate, running_servers
 from nanospec_server.bench.store import ResultStore
 
@@ -57,14 +57,22 @@ class SideBySide:
         self.configs = {c.name: c for c in configs}
         self.prompts = {p.id: p for p in prompts}
         self.tokenizer, self.store, self.max_new_tokens = tokenizer, store, max_new_tokens
+        self.ar_of: dict[int, int] = {}  # group -> the group whose ar it is compared with
+
+    def _learn_groups(self, batches: list[Batch]) -> None:
+        numbers = sorted({b.group for b in batches})
+        members = {g: {b.config for b in batches if b.group == g} for g in numbers}
+        config_groups = [sorted(members.get(g, ())) for g in range(max(numbers, default=-1) + 1)]
+        self.ar_of = {g: anchor_group(config_groups, g, AR) for g in numbers}
 
     # -- prompts ------------------------------------------------------------------------
 
     def first_answer(self, group: int, prompt_id: str) -> str:
         """``ar``'s answer to the first turn: what the second turn follows."""
+        ar_group = self.ar_of.get(group, group)
         for record in self.store.records.values():
             if (
-                record.get("group") == group
+                record.get("group") == ar_group
                 and record.get("config") == AR
                 and record.get("turn") == 0
             ):
@@ -82,6 +90,8 @@ class SideBySide:
 
     def execute(self, batches: list[Batch], sender: Sender) -> None:
         """Send every batch not yet stored, storing each as it finishes."""
+        if any(b.group not in self.ar_of for b in batches):
+            self._learn_groups(batches)
         todo = [b for b in batches if b.key not in self.store]
         for batch in tqdm(todo, desc="bench", unit="batch", initial=len(batches) - len(todo),
                           total=len(batches)):  # fmt: skip
@@ -94,6 +104,7 @@ class SideBySide:
     def run(self, batches: list[Batch], base_flags: list[str], log_dir: Path) -> None:
         """Start each group's servers, send its batches, probe its divergences, stop."""
         log_dir.mkdir(parents=True, exist_ok=True)
+        self._learn_groups(batches)
         for group in sorted({b.group for b in batches}):
             mine = [b for b in batches if b.group == group]
             if all(b.key in self.store for b in mine) and self._probed(group):
@@ -109,7 +120,9 @@ class SideBySide:
             with running_servers(servers) as urls:
                 print(f"nanospec bench: group {group} up: {', '.join(urls)}", flush=True)
                 self.execute(mine, self._http_sender(urls))
-                self.probe_divergences(group, urls[AR])
+                # A server alone probes with its own target: a prompt's logits do not
+                # depend on the draft.
+                self.probe_divergences(group, urls.get(AR) or next(iter(urls.values())))
 
     def _http_sender(self, urls: dict[str, str]) -> Sender:
         def send(batch: Batch, input_ids: list[list[int]]) -> tuple[list[dict], float]:
@@ -133,8 +146,9 @@ class SideBySide:
     def divergences(self, group: int) -> list[dict]:
         """Outputs of this group that differ from ``ar``'s for the same prompt and turn."""
         plain = {}
+        ar_group = self.ar_of.get(group, group)
         for r in self.store.records.values():
-            if r.get("group") == group and r.get("config") == AR:
+            if r.get("group") == ar_group and r.get("config") == AR:
                 for item in r["items"]:
                     plain[(r["turn"], r["repeat"], r["concurrency"], item["prompt_id"])] = item
         found = []
@@ -184,7 +198,7 @@ class SideBySide:
     def _ar_output(self, group: int, d: dict) -> list[int]:
         for r in self.store.records.values():
             if (r.get("group"), r.get("config"), r.get("turn"), r.get("repeat"),
-                    r.get("concurrency")) == (group, AR, d["turn"], d["repeat"], d["concurrency"]):  # fmt: skip
+                    r.get("concurrency")) == (self.ar_of.get(group, group), AR, d["turn"], d["repeat"], d["concurrency"]):  # fmt: skip
                 for item in r["items"]:
                     if item["prompt_id"] == d["prompt_id"]:
                         return item["output_ids"]

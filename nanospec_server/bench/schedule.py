@@ -8,7 +8,9 @@ once, configurations run in groups that each hold the anchors (``ar`` and the
 full-vocabulary drafts), so every ratio is still taken within one group. With room for
 ``ar`` and one more server only (two servers: what a 2-core, 24 GB host holds for a 1.5B
 target with a 0.5B draft), ``ar`` alone is the anchor and ratios to the full-vocabulary
-draft are taken through it (``summary.py``).
+draft are taken through it (``summary.py``). With room for one server only (a 1.5B
+target and a 0.5B draft in float32), each configuration runs alone after ``ar``: ratios are
+then taken across consecutive servers, which holds on an idle host only.
 """
 
 from __future__ import annotations
@@ -35,16 +37,27 @@ class Batch:
 
 def groups(configs: list[str], anchors: list[str], max_servers: int | None) -> list[list[str]]:
     """Configurations in groups of at most ``max_servers``, every group holding the anchors,
-    or only the first (``ar``) when the others leave no room."""
+    or only the first (``ar``) when the others leave no room; one server: one group each,
+    ``ar``'s first."""
     if max_servers is None or max_servers >= len(configs):
         return [list(configs)]
+    if max_servers == 1:
+        return [[anchors[0]]] + [[c] for c in configs if c != anchors[0]]
     if max_servers - len(anchors) < 1:
         anchors = anchors[:1]
     others = [c for c in configs if c not in anchors]
     room = max_servers - len(anchors)
     if room < 1:
-        raise ValueError(f"max_servers must exceed the anchor ({anchors[0]}): at least 2")
+        raise ValueError(f"max_servers must be at least 1, not {max_servers}")
     return [anchors + others[i : i + room] for i in range(0, len(others), room)]
+
+
+def anchor_group(config_groups: list[list[str]], group: int, anchor: str) -> int:
+    """The group whose ``anchor`` (``ar``) a group's configurations are compared with: its
+    own, or, where it runs alone, the first group that has one."""
+    if anchor in config_groups[group]:
+        return group
+    return next(g for g, members in enumerate(config_groups) if anchor in members)
 
 
 def rotated(items: list[str], shift: int) -> list[str]:

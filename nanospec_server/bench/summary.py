@@ -81,10 +81,13 @@ def _speed(u: dict | None) -> float | None:
     return u["tokens"] / u["seconds"] if u and u["seconds"] > 0 and u["tokens"] else None
 
 
-def _ratios(mine: list[dict], theirs: list[dict], through: list[dict] = ()) -> dict:
+def _ratios(
+    mine: list[dict], theirs: list[dict], through: list[dict] = (), side_by_side: bool = True
+) -> dict:
     """Paired tokens/s ratios: median and quartiles. A unit whose partner ran in another
     group (servers in groups of two) is compared through ``through`` (``ar``), measured in
-    both groups: (mine / ar beside it) / (theirs / ar beside it)."""
+    both groups: (mine / ar beside it) / (theirs / ar beside it). In a run of one server at
+    a time (``side_by_side`` False) nothing ran beside it: units compare directly."""
     key = lambda u: (u["group"], u["turn"], u["repeat"], u["id"])  # noqa: E731
     other = {key(u): u for u in theirs}
     elsewhere = {key(u)[1:]: u for u in theirs}
@@ -100,6 +103,8 @@ def _ratios(mine: list[dict], theirs: list[dict], through: list[dict] = ()) -> d
             mine_ar, theirs_ar = _speed(anchor.get(key(u))), _speed(anchor.get(key(o)))
             if u["seconds"] > 0 and _speed(o) and mine_ar and theirs_ar:
                 ratio = ((u["tokens"] / u["seconds"]) / mine_ar) / (_speed(o) / theirs_ar)
+            elif not side_by_side and u["seconds"] > 0 and _speed(o):
+                ratio = (u["tokens"] / u["seconds"]) / _speed(o)
         if ratio is not None:
             values.append(ratio)
     return {"median": _median(values), "spread": _spread(values), "pairs": len(values)}
@@ -109,9 +114,12 @@ def _of_task(units_: list[dict], task: str) -> list[dict]:
     return units_ if task == OVERALL else [u for u in units_ if u["task"] == task]
 
 
-def summarize(records: list[dict], references: dict[str, str | None]) -> dict:
+def summarize(
+    records: list[dict], references: dict[str, str | None], side_by_side: bool = True
+) -> dict:
     """``{concurrency: {config: {task|overall: figures}}}``; ``references`` maps each
-    configuration to its full-vocabulary draft (None for none)."""
+    configuration to its full-vocabulary draft (None for none); ``side_by_side`` is False
+    for a run of one server at a time."""
     all_units = units(records)
     result: dict = {}
     for c in sorted({u["concurrency"] for u in all_units}):
@@ -129,10 +137,11 @@ def summarize(records: list[dict], references: dict[str, str | None]) -> dict:
                     continue
                 cell = _cell(subset)
                 ar = _of_task(per_config.get(AR, []), task)
-                cell["vs_ar"] = _ratios(subset, ar) if config != AR else None
+                cell["vs_ar"] = _ratios(subset, ar, (), side_by_side) if config != AR else None
                 ref = references.get(config)
                 full = _of_task(per_config.get(ref, []), task)
-                cell["vs_full"] = _ratios(subset, full, ar) if ref and ref != config else None
+                paired = ref and ref != config
+                cell["vs_full"] = _ratios(subset, full, ar, side_by_side) if paired else None
                 cells[task] = cell
             table[config] = cells
         result[c] = table
@@ -140,19 +149,21 @@ def summarize(records: list[dict], references: dict[str, str | None]) -> dict:
 
 
 def lossless(records: list[dict]) -> dict:
-    """Per configuration: outputs compared with ``ar``'s and how many differed, plus the
-    divergences probed by the runner."""
-    plain = {}
+    """Per configuration: outputs compared with ``ar``'s (beside it, else in any group: a
+    run of one server at a time), how many differed, and the divergences the runner probed."""
+    plain, anywhere = {}, {}
     for r in records:
         if r.get("config") == AR:
             for i in r["items"]:
-                plain[(r["group"], r["turn"], r["repeat"], r["concurrency"], i["prompt_id"])] = i["output_ids"]  # fmt: skip
+                key = (r["turn"], r["repeat"], r["concurrency"], i["prompt_id"])
+                plain[(r["group"], *key)] = anywhere[key] = i["output_ids"]
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for r in records:
         if r.get("config") in (None, AR):
             continue
         for i in r["items"]:
-            ref = plain.get((r["group"], r["turn"], r["repeat"], r["concurrency"], i["prompt_id"]))
+            key = (r["turn"], r["repeat"], r["concurrency"], i["prompt_id"])
+            ref = plain.get((r["group"], *key), anywhere.get(key))
             if ref is not None:
                 counts[r["config"]][0] += 1
                 counts[r["config"]][1] += ref != i["output_ids"]

@@ -65,5 +65,5 @@ def test_cli_names_the_bad_flag(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "--specbench: no Spec-Bench file" in missing.stderr
     bad = run("--static-k", "lots")
     assert bad.returncode == 2 and "--static-k" in bad.stderr
-    few = run("--max-servers", "1", "--out", str(tmp_path / "r2"), "--tasks", "code")
+    few = run("--max-servers", "0", "--out", str(tmp_path / "r2"), "--tasks", "code")
     assert few.returncode == 2 and "--max-servers" in few.stderr

@@ -80,6 +80,24 @@ def test_ratio_to_full_across_groups_goes_through_ar() -> None:
     assert nano["vs_full"]["pairs"] == 1
 
 
+def test_one_server_at_a_time_compares_across_groups_directly() -> None:
+    # --max-servers 1: ar alone in group 0, each configuration alone after it.
+    def record(group: int, config: str, seconds: float, out: list[int]) -> dict:
+        return {"key": f"g{group}|{config}", "group": group, "config": config, "turn": 0,
+                "repeat": 0, "concurrency": 1, "wall_s": seconds,
+                "items": [item("qa/1", "qa", out, seconds, 3.0 if config != "ar" else None)]}  # fmt: skip
+
+    runs = [record(0, "ar", 4.0, [1, 2, 3, 4]), record(1, "eagle-full", 2.0, [1, 2, 3, 4]),
+            record(2, "eagle-nanospec", 1.6, [1, 2, 9, 9])]  # fmt: skip
+    refs = {"ar": None, "eagle-full": None, "eagle-nanospec": "eagle-full"}
+    nano = summarize(runs, refs, side_by_side=False)[1]["eagle-nanospec"][OVERALL]
+    assert nano["vs_ar"]["median"] == pytest.approx(2.5)
+    assert nano["vs_full"]["median"] == pytest.approx(1.25)
+    # Side by side, a ratio needs a partner or an anchor beside it: none here.
+    assert summarize(runs, refs)[1]["eagle-nanospec"][OVERALL]["vs_ar"]["median"] is None
+    assert lossless(runs)["compared"]["eagle-nanospec"] == {"outputs": 1, "differing": 1}
+
+
 def test_lossless_counts_differences_from_ar() -> None:
     checks = lossless(records())
     assert checks["compared"]["eagle-static-32k"] == {"outputs": 2, "differing": 1}

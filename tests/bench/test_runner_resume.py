@@ -99,3 +99,19 @@ def test_a_run_dir_with_other_settings_is_refused(tmp_path: Path) -> None:
         ResultStore(tmp_path).start({"settings": {"seed": 1}})
     ResultStore(tmp_path).start({"settings": {"seed": 0}})
     assert json.loads((tmp_path / "run.json").read_text())["resumed"] == 1
+
+
+def test_one_server_at_a_time_follows_and_checks_against_ar_of_group_0(tmp_path: Path) -> None:
+    bench, _ = make_bench(tmp_path)
+    batches = plan([["ar"], ["other"]], {p.id: len(p.turns) for p in PROMPTS}, 1, [1])
+    sender = RecordingSender()
+    bench.execute(batches, sender)
+    ar_first = next(r for r in bench.store.records.values()
+                    if r["config"] == "ar" and r["turn"] == 0 and r["items"][0]["prompt_id"] == "conversation/1")  # fmt: skip
+    answer = bench.tokenizer.decode(ar_first["items"][0]["output_ids"], skip_special_tokens=True)
+    (second,) = [b for b in batches if b.turn == 1 and b.group == 1]
+    assert answer in bench.tokenizer.decode(sender.inputs[second.key][0])
+    record = next(r for r in bench.store.records.values() if r["config"] == "other")
+    record["items"][0]["output_ids"] = [999]
+    (found,) = bench.divergences(1)
+    assert found["config"] == "other" and found["position"] == 0

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanospec_server.bench.schedule import groups, plan, rotated
+from nanospec_server.bench.schedule import anchor_group, groups, plan, rotated
 
 
 def test_every_batch_goes_to_every_config_with_a_rotating_first() -> None:
@@ -48,6 +48,14 @@ def test_two_servers_pair_each_config_with_ar_alone() -> None:
     assert got == [["ar", "full"], ["ar", "x"], ["ar", "y"]]
 
 
-def test_one_server_is_an_error() -> None:
-    with pytest.raises(ValueError, match="max_servers must exceed the anchor"):
-        groups(["ar", "full", "x"], ["ar", "full"], 1)
+def test_one_server_runs_each_config_alone_after_ar() -> None:
+    got = groups(["full", "ar", "x"], ["ar", "full"], 1)
+    assert got == [["ar"], ["full"], ["x"]]
+    assert [anchor_group(got, g, "ar") for g in range(3)] == [0, 0, 0]
+    two = groups(["ar", "full", "x"], ["ar", "full"], 2)
+    assert [anchor_group(two, g, "ar") for g in range(len(two))] == [0, 1]
+
+
+def test_no_server_is_an_error() -> None:
+    with pytest.raises(ValueError, match="max_servers must be at least 1"):
+        groups(["ar", "full", "x"], ["ar", "full"], 0)
