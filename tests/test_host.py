@@ -30,3 +30,11 @@ def test_keys_are_redacted_from_log_records(caplog) -> None:
         assert "'k'" not in caplog.text and "kill_process_tree called" in caplog.text
     finally:
         logging.setLogRecordFactory(factory)
+
+
+def test_cpu_flags_add_sleep_on_idle_once() -> None:
+    from nanospec_server.host import cpu_flags_missing_from
+
+    added = cpu_flags_missing_from(["--model-path", "m"])
+    assert added.count("--sleep-on-idle") == 1 and "--device" in added
+    assert "--sleep-on-idle" not in cpu_flags_missing_from(["--sleep-on-idle", "--device", "cpu"])
