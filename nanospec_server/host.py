@@ -78,10 +78,27 @@ def prepare_cpu_environment() -> bool:
     return activate_shim()
 
 
+def cpu_has_fast_bf16() -> bool:
+    import torch
+
+    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+
+
+def cpu_default_dtype() -> str | None:
+    """``float32`` where the CPU has no native bf16 matmul (no AMX, no AVX512-BF16), else
+    None (the checkpoint's dtype). There bf16 matmuls are emulated and grow with the tokens
+    of a pass (a 5-token verify of the 0.5B target costs 4x a decode), while fp32 runs our
+    oneDNN packed kernels (``sglang_plugin/cpu_linear.py``: ~1.5x), which speculation needs.
+    """
+    return None if cpu_has_fast_bf16() else "float32"
+
+
 def cpu_flags_missing_from(argv: list[str]) -> list[str]:
     """The CPU flags the user has not set themselves, as an argv fragment."""
     given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
     extra: list[str] = []
+    if "--dtype" not in given and (dtype := cpu_default_dtype()) is not None:
+        extra += ["--dtype", dtype]
     for flag, value in CPU_SERVER_FLAGS.items():
         if flag not in given:
             extra += [flag, value]

@@ -38,3 +38,14 @@ def test_cpu_flags_add_sleep_on_idle_once() -> None:
     added = cpu_flags_missing_from(["--model-path", "m"])
     assert added.count("--sleep-on-idle") == 1 and "--device" in added
     assert "--sleep-on-idle" not in cpu_flags_missing_from(["--sleep-on-idle", "--device", "cpu"])
+
+
+def test_cpu_dtype_is_float32_without_native_bf16(monkeypatch) -> None:
+    from nanospec_server import host
+
+    monkeypatch.setattr(host, "cpu_has_fast_bf16", lambda: False)
+    added = host.cpu_flags_missing_from(["--model-path", "m"])
+    assert added[added.index("--dtype") + 1] == "float32"
+    assert "--dtype" not in host.cpu_flags_missing_from(["--dtype", "bfloat16"])
+    monkeypatch.setattr(host, "cpu_has_fast_bf16", lambda: True)
+    assert "--dtype" not in host.cpu_flags_missing_from(["--model-path", "m"])

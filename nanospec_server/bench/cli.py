@@ -86,7 +86,11 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--repeats", type=_positive, help="passes over the prompts (default 1)")
     run.add_argument("--concurrency", nargs="+", type=_positive, help="e.g. 1 8 (default 1)")
     run.add_argument("--max-new-tokens", type=_positive, help="default 64 on CPU, 1024 on GPU")
-    run.add_argument("--dtype", help="server --dtype (default bfloat16)")
+    run.add_argument(
+        "--dtype",
+        help="server --dtype (default: what nanospec serve picks: "
+        "float32 on a CPU without native bf16, else bfloat16)",
+    )
     run.add_argument("--max-servers", type=_positive,
                      help="servers up at once (groups keep ar and the full-vocab drafts in each; "
                           "with 2, ar alone, and ratios to full go through ar; with 1, one "
@@ -117,7 +121,9 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
     from nanospec_server import host
     from nanospec_server.bench.api import ANALYSES, BenchSettings
 
-    values: dict = {"max_new_tokens": 1024 if host.has_cuda() else 64}
+    on_gpu = host.has_cuda()
+    values: dict = {"max_new_tokens": 1024 if on_gpu else 64,
+                    "dtype": "bfloat16" if on_gpu else host.cpu_default_dtype() or "bfloat16"}  # fmt: skip
     values |= ANALYSES[args.analysis]
     if args.tiny:
         values |= TINY

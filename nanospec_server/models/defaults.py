@@ -28,8 +28,20 @@ def default_serve_argv() -> list[str]:
         "--speculative-num-steps", "4",
         "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "5",
-        "--mem-fraction-static", "0.4",
+        *default_memory_flags(),
     ]  # fmt: skip
+
+
+def default_memory_flags() -> list[str]:
+    """On a CPU the pair runs in float32 (host.cpu_default_dtype): ~9 GB of weights, and
+    SGLang's check wants the memory left after loading above (1 - fraction) of what was
+    free before, so the fraction is high and the KV pool is capped instead (32k tokens of
+    both models: ~2.7 GB in float32, one full-length request)."""
+    from nanospec_server.host import has_cuda
+
+    if has_cuda():
+        return ["--mem-fraction-static", "0.8"]
+    return ["--mem-fraction-static", "0.9", "--max-total-tokens", "32768"]
 
 
 def tiny_serve_argv() -> list[str]:
