@@ -217,8 +217,10 @@ def _window_refresh_kernel(
         held = token >= 0
         safe = tl.where(held, token, 0)
         word, bit = _bit(safe)
-        gone = held & ((tl.load(bits + word, mask=held, other=0) & bit) != 0)
-        tl.atomic_and(bits + word, ~bit, mask=gone)
+        # Clearing every member's bit is a no-op for those of the window (already clear);
+        # the old word tells which were still set. Atomics only: no cached word is read.
+        old = tl.atomic_and(bits + word, ~bit, mask=held)
+        gone = held & ((old & bit) != 0)
         tl.store(leave_tokens + out + j, safe, mask=inside)
         tl.store(leave + out + j, gone.to(tl.int8), mask=inside)
         tl.store(members + state + j, tl.full([BLOCK], -1, tl.int32), mask=gone)
