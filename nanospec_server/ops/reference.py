@@ -44,10 +44,9 @@ def window_append(
     later token of its row is the same. Sorting each row's tokens answers both with fixed
     shapes and O(L log L + W_cap log L) work per row.
     """
-    batch, length = tokens.shape
+    length, w_cap = tokens.shape[1], ring.shape[1] - 1
     if length == 0:
         return
-    w_cap = ring.shape[1] - 1
     keys = torch.where(in_ring, tokens, 2**62)  # 2**62: no ring token
     keys, order = torch.sort(keys, dim=1, stable=True)  # equal tokens keep column order
     followed = torch.zeros_like(in_ring)
@@ -88,8 +87,9 @@ def packed_topk(
     when ``r < count``, ``ids[r] >= 0`` and either r is pinned (``r < num_pinned``) or
     bit ``ids[r]`` of ``in_set[row_slots[n]]`` is set (a packed bitmap, ``ops.bitmap``).
     Returns (top logits [N, k], packed rows [N, k], log-sum-exp [N]): the allowed entries
-    ordered by logit, descending, ties broken by the lowest row (a stable sort). Where fewer than k rows are allowed the tail holds -inf
-    with some valid row (unspecified); a row with none has log-sum-exp -inf.
+    ordered by logit, descending, ties broken by the lowest row (a stable sort). Where
+    fewer than k rows are allowed the tail holds -inf with some valid row (unspecified); a
+    row with none has log-sum-exp -inf.
     """
     logits = hidden.to(rows.dtype).float() @ rows.float().T
     r = torch.arange(rows.shape[0], device=rows.device)
