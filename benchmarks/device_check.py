@@ -99,7 +99,7 @@ def run_correctness(quick: bool, dry_run: bool = False) -> int:
     import window_refresh_check
 
     checks = [
-        ("fused window refresh vs its torch reference", window_refresh_check.run, 10, 40),
+        ("window append + fused refresh vs torch reference", window_refresh_check.run, 10, 40),
         ("fused union bookkeeping vs its torch reference", union_apply_check.run, 4, 30),
         ("fused packed head + top-k vs its torch reference", packed_topk_check.run, 10, 200),
         ("fixed-shape CUDA path vs torch reference", cuda_path_check.run, 2, 12),
