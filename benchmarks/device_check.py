@@ -99,7 +99,7 @@ def run_correctness(quick: bool, dry_run: bool = False) -> int:
     import window_refresh_check
 
     checks = [
-        ("fused window refresh vs its torch reference", window_refresh_check.run, 10, 40),
+        ("window append + fused refresh vs torch reference", window_refresh_check.run, 10, 40),
         ("fused union bookkeeping vs its torch reference", union_apply_check.run, 4, 30),
         ("fused packed head + top-k vs its torch reference", packed_topk_check.run, 10, 200),
         ("fixed-shape CUDA path vs torch reference", cuda_path_check.run, 2, 12),
@@ -295,6 +295,8 @@ def head_timings(ops, weight: torch.Tensor, h: torch.Tensor, repeat: int) -> lis
     several live counts in a buffer of the largest: its logits plus the softmax + top-k
     SGLang runs over every column, against the fused head + top-k (k = 8, all rows
     active: the same work a request mask leaves, since masking costs one byte per row)."""
+    from nanospec_server.ops import bitmap
+
     vocab_size, hidden = weight.shape
     row_bytes = hidden * weight.element_size()
     fr = weight[:FR_SPEC_ROWS]
@@ -305,7 +307,7 @@ def head_timings(ops, weight: torch.Tensor, h: torch.Tensor, repeat: int) -> lis
     capacity = max(LIVE_COUNTS)
     buf = weight[:capacity].clone()
     ids = torch.arange(capacity + 1, device=h.device)
-    in_set = torch.ones(1, vocab_size + 1, dtype=torch.bool, device=h.device)
+    in_set = bitmap.pack(torch.ones(1, vocab_size, dtype=torch.bool, device=h.device))
     row_slots = torch.zeros(len(h), dtype=torch.int64, device=h.device)
     for live in LIVE_COUNTS:
         count = torch.tensor([live], device=h.device)

@@ -3,11 +3,11 @@
 // sequential loops, which on a CPU beat dozens of small tensor ops. Plain C ABI, no torch
 // headers: built with the system C++ compiler in a second and loaded with ctypes.
 //
-// Layouts (row-major, every row has one trailing "dump" entry the torch code writes into):
-//   ring [S, W_cap+1] int64, length [S] int64, last_pos [S, V+1] int32,
-//   members [S, W_cap+1] int64, in_set [S, V+1] bool, member_pos [S, W_cap+1] int32,
-//   scanned [S, 2] int64 (the window
-//   [start, end) each slot had at its last refresh: those positions need no second look),
+// Layouts (row-major; ring, latest and members rows have one trailing "dump" entry the
+// torch code writes into):
+//   ring [S, W_cap+1] int32, latest [S, W_cap+1] bool (the cell holds its token's latest
+//   occurrence in the ring), length [S] int64, members [S, W_cap+1] int32,
+//   in_set [S, ceil(V/32)] uint32 words (bit v % 32 of word v / 32: token v is a member),
 //   ids [C+1] int64, row_of [V+1] int64, ref [V+1] int32, count [1] int64,
 //   buf [C+1, d] and weight [V, d] of one dtype (copied as `row_bytes` raw bytes).
 #include <algorithm>
@@ -90,38 +90,71 @@ struct Union {
   }
 };
 
+// A token set over [0, V) as bits, for the membership tests of the loops below.
+struct Bits {
+  uint32_t* words;
+  bool test(int64_t token) const { return (words[token >> 5] >> (token & 31)) & 1u; }
+  void set(int64_t token) { words[token >> 5] |= 1u << (token & 31); }
+  void clear(int64_t token) { words[token >> 5] &= ~(1u << (token & 31)); }
+};
+
+// Scratch of nanospec_append, reused across calls (one per thread): the tokens of one
+// append marked in a V-bit set, which every call leaves all clear.
+std::vector<uint32_t>& appended_marks(int64_t vocab_size) {
+  thread_local std::vector<uint32_t> marks;
+  marks.resize((vocab_size + 31) / 32, 0u);
+  return marks;
+}
+
 }  // namespace
 
 extern "C" {
 
 // Append tokens[b, :] (where valid, or all if valid is null), in column order, to the
-// streams of slots[b]. Returns how many tokens were outside [0, V) (those are skipped).
+// streams of slots[b], keeping the ring's latest flags. Returns how many tokens were
+// outside [0, V) (those are skipped).
 int64_t nanospec_append(int64_t batch, int64_t cols, const int64_t* slots, const int64_t* tokens,
-                        const bool* valid, int64_t* ring, int64_t* length, int32_t* last_pos,
+                        const bool* valid, int32_t* ring, bool* latest, int64_t* length,
                         int64_t w_cap, int64_t vocab_size) {
   int64_t invalid = 0;
+  Bits marked{appended_marks(vocab_size).data()};
+  thread_local std::vector<int64_t> row_tokens;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t slot = slots[b];
     const int64_t* row = tokens + b * cols;
     const bool* row_valid = valid ? valid + b * cols : nullptr;
-    int64_t count = 0;
-    for (int64_t i = 0; i < cols; ++i) count += row_valid ? row_valid[i] : 1;
-    // Only the last w_cap tokens of a long append can still be in the ring.
-    const int64_t skip = count > w_cap ? count - w_cap : 0;
-    int64_t* slot_ring = ring + slot * (w_cap + 1);
-    int32_t* slot_last = last_pos + slot * (vocab_size + 1);
-    int64_t position = length[slot];
-    for (int64_t i = 0, k = 0; i < cols; ++i) {
+    row_tokens.clear();
+    for (int64_t i = 0; i < cols; ++i) {
       if (row_valid && !row_valid[i]) continue;
-      const int64_t token = row[i];
-      if (token < 0 || token >= vocab_size) {
+      if (row[i] < 0 || row[i] >= vocab_size) {
         ++invalid;
         continue;
       }
-      if (k++ >= skip) slot_ring[position % w_cap] = token;
-      slot_last[token] = static_cast<int32_t>(position++);
+      row_tokens.push_back(row[i]);
     }
-    length[slot] = position;
+    const int64_t n = static_cast<int64_t>(row_tokens.size());
+    // Only the last w_cap tokens of a long append can still be in the ring.
+    const int64_t skip = n > w_cap ? n - w_cap : 0;
+    int32_t* slot_ring = ring + slot * (w_cap + 1);
+    bool* slot_latest = latest + slot * (w_cap + 1);
+    const int64_t old_end = length[slot];
+    const int64_t new_end = old_end + n;
+    for (int64_t k = skip; k < n; ++k) marked.set(row_tokens[k]);
+    // Cells that stay in the ring lose their flag when their token comes again.
+    for (int64_t p = std::max<int64_t>(new_end - w_cap, 0); p < old_end; ++p) {
+      const int64_t c = p % w_cap;
+      if (slot_latest[c] && marked.test(slot_ring[c])) slot_latest[c] = false;
+    }
+    // New cells, last first: the first visit of a token is its latest occurrence, and
+    // clearing its mark there leaves the scratch set clear for the next row.
+    for (int64_t k = n - 1; k >= skip; --k) {
+      const int64_t token = row_tokens[k];
+      const int64_t c = (old_end + k) % w_cap;
+      slot_ring[c] = static_cast<int32_t>(token);
+      slot_latest[c] = marked.test(token);
+      marked.clear(token);
+    }
+    length[slot] = new_end;
   }
   return invalid;
 }
@@ -130,57 +163,59 @@ int64_t nanospec_append(int64_t batch, int64_t cols, const int64_t* slots, const
 // or, if `release`, empty them) and apply the changes to the union head (of `capacity` rows).
 // Returns how many distinct new tokens found no row in the union buffer (not admitted).
 int64_t nanospec_refresh(int64_t batch, const int64_t* slots, const int64_t* w_max, int64_t w_cap,
-                         int64_t vocab_size, bool release, const int64_t* ring,
-                         const int64_t* length, const int32_t* last_pos, int64_t* members,
-                         bool* in_set, int32_t* member_pos, int64_t* scanned, int64_t* ids, int64_t* row_of,
-                         int32_t* ref, int64_t* count, char* buf, int64_t buf_stride,
-                         const char* weight, int64_t weight_stride, int64_t row_bytes,
-                         int64_t capacity) {
+                         int64_t vocab_size, bool release, const int32_t* ring,
+                         const bool* latest, const int64_t* length, int32_t* members,
+                         uint32_t* in_set, int64_t* ids, int64_t* row_of, int32_t* ref,
+                         int64_t* count, char* buf, int64_t buf_stride, const char* weight,
+                         int64_t weight_stride, int64_t row_bytes, int64_t capacity) {
   Union head{ids, row_of, ref, count, buf, buf_stride, weight, weight_stride, row_bytes, capacity};
+  const int64_t words = (vocab_size + 31) / 32;
+  thread_local std::vector<int64_t> entering;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t slot = slots[b];
-    const int64_t* slot_ring = ring + slot * (w_cap + 1);
-    const int32_t* slot_last = last_pos + slot * (vocab_size + 1);
-    int64_t* slot_members = members + slot * (w_cap + 1);
-    bool* slot_in = in_set + slot * (vocab_size + 1);
+    const int32_t* slot_ring = ring + slot * (w_cap + 1);
+    const bool* slot_latest = latest + slot * (w_cap + 1);
+    int32_t* slot_members = members + slot * (w_cap + 1);
+    Bits bits{in_set + slot * words};
+    if (release) {
+      for (int64_t j = 0; j < w_cap; ++j) {
+        if (slot_members[j] < 0) continue;
+        bits.clear(slot_members[j]);
+        head.drop_ref(slot_members[j]);
+        slot_members[j] = -1;
+      }
+      continue;
+    }
     const int64_t end = length[slot];
     const int64_t start = end > w_max[b] ? end - w_max[b] : 0;
-    // Leave: members whose latest occurrence is out of the window. member_pos[j] is a
-    // position of member j seen earlier; at or past `start` it proves the member stays, so
-    // last_pos (a random access) is read only for members near the window's edge.
-    int32_t* slot_member_pos = member_pos + slot * (w_cap + 1);
+    // Window tokens (each at its flagged cell) that are members: clear their bits, so the
+    // bits still set afterwards are the members that left. The others enter.
+    entering.clear();
+    for (int64_t p = start; p < end; ++p) {
+      const int64_t c = p % w_cap;
+      if (!slot_latest[c]) continue;
+      if (bits.test(slot_ring[c])) {
+        bits.clear(slot_ring[c]);
+      } else {
+        entering.push_back(slot_ring[c]);
+      }
+    }
     for (int64_t j = 0; j < w_cap; ++j) {
       const int64_t token = slot_members[j];
-      if (token < 0 || (!release && slot_member_pos[j] >= start)) continue;
-      if (!release && slot_last[token] >= start) {
-        slot_member_pos[j] = slot_last[token];
-        continue;
-      }
+      if (token < 0 || !bits.test(token)) continue;
+      bits.clear(token);
       slot_members[j] = -1;
-      slot_in[token] = false;
       head.drop_ref(token);
     }
-    if (release) continue;
-    // Enter: distinct window tokens new to the set. Positions scanned at the last refresh
-    // that are still in the window hold members already (a token leaves only once its
-    // latest position is out), so only the rest of the window is read.
-    int64_t* seen = scanned + 2 * slot;
-    int64_t free_entry = 0;
     for (int64_t p = start; p < end; ++p) {
-      if (p >= seen[0] && p < seen[1]) {
-        p = seen[1] - 1;
-        continue;
-      }
-      const int64_t token = slot_ring[p % w_cap];
-      if (slot_last[token] != p || slot_in[token]) continue;
+      if (slot_latest[p % w_cap]) bits.set(slot_ring[p % w_cap]);
+    }
+    int64_t free_entry = 0;
+    for (int64_t token : entering) {
       while (slot_members[free_entry] >= 0) ++free_entry;
-      slot_members[free_entry] = token;
-      slot_member_pos[free_entry] = static_cast<int32_t>(p);
-      slot_in[token] = true;
+      slot_members[free_entry] = static_cast<int32_t>(token);
       head.add_ref(token);
     }
-    seen[0] = start;
-    seen[1] = end;
   }
   head.settle();
   return head.overflow;

@@ -1,8 +1,9 @@
 """Device ops behind plain function names.
 
-CUDA tensors use the CUDA C++ extension built from ``kernels/`` on first use, falling back
-to Triton, then to the torch reference (``reference.py``) if a build fails. CPU tensors use
-the C++ loops of ``kernels/vocab_cpu.cpp`` where they apply, else the reference.
+CUDA tensors use Triton (``scatter_rows`` first tries the CUDA C++ extension built from
+``kernels/`` on first use), falling back to the torch reference (``reference.py``) where
+neither is available. CPU tensors use the C++ loops of ``kernels/vocab_cpu.cpp`` where
+they apply, else the reference.
 ``NANOSPEC_OPS=reference|cpu|triton|cuda`` allows only that backend (plus the reference).
 """
 
@@ -28,17 +29,10 @@ def scatter_rows(dst: Tensor, dst_rows: Tensor, src: Tensor, src_rows: Tensor) -
 
 
 def window_append(
-    ring: Tensor,
-    last_pos: Tensor,
-    slots: Tensor,
-    tokens: Tensor,
-    positions: Tensor,
-    valid: Tensor,
+    ring: Tensor, latest: Tensor, slots: Tensor, tokens: Tensor, positions: Tensor,
     in_ring: Tensor,
-) -> None:
-    args = (ring, last_pos, slots, tokens, positions, valid, in_ring)
-    if ring.is_cuda and (ext := cuda_ops()) is not None:
-        return ext.window_append(*args)
+) -> None:  # fmt: skip
+    args = (ring, latest, slots, tokens, positions, in_ring)
     if (tri := _triton_for(ring)) is not None:
         return tri.window_append(*args)
     reference.window_append(*args)
@@ -78,7 +72,7 @@ def w_max_per_row(w_max: int | Tensor, slots: Tensor) -> Tensor:
 
 
 def window_refresh(
-    ring: Tensor, length: Tensor, last_pos: Tensor, members: Tensor, in_set: Tensor,
+    ring: Tensor, latest: Tensor, length: Tensor, members: Tensor, in_set: Tensor,
     slots: Tensor, w_max: int | Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:  # fmt: skip
     """WindowState.refresh fused in one kernel where Triton runs (its torch code is the
@@ -86,7 +80,7 @@ def window_refresh(
     if (tri := _triton_for(ring)) is None:
         return None
     w_max = w_max_per_row(w_max, slots)
-    return tri.window_refresh(ring, length, last_pos, members, in_set, slots, w_max)
+    return tri.window_refresh(ring, latest, length, members, in_set, slots, w_max)
 
 
 def union_apply(

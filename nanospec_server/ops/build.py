@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
-CUDA_SOURCES = ("scatter_rows.cu", "window_append.cu")
+CUDA_SOURCES = ("scatter_rows.cu",)
 # Hopper and Ampere: what the server is deployed on.
 CHECK_ARCHS = ("sm_80", "sm_90")
 

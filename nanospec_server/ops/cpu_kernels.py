@@ -59,12 +59,11 @@ class CpuVocabKernels:
         self.lib = library()
         element = head.buf.element_size()
         sizes = (_int(window.w_cap), _int(window.vocab_size))
-        self.append_state = (_ptr(window.ring), _ptr(window.length), _ptr(window.last_pos))
+        self.append_state = (_ptr(window.ring), _ptr(window.latest), _ptr(window.length))
         self.append_state += sizes
         self.refresh_state = (
-            _ptr(window.ring), _ptr(window.length), _ptr(window.last_pos),
-            _ptr(window.members), _ptr(window.in_set), _ptr(window.member_pos),
-            _ptr(window.scanned), _ptr(head.ids), _ptr(head.row_of),
+            _ptr(window.ring), _ptr(window.latest), _ptr(window.length),
+            _ptr(window.members), _ptr(window.in_set), _ptr(head.ids), _ptr(head.row_of),
             _ptr(head.ref), _ptr(head.count), _ptr(head.buf), _int(head.buf.stride(0) * element),
             _ptr(head.weight), _int(head.weight.stride(0) * element),
             _int(head.buf.shape[1] * element), _int(head.capacity),

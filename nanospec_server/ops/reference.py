@@ -7,6 +7,8 @@ at the last row of the destination is masked out.
 import torch
 from torch import Tensor
 
+from nanospec_server.ops import bitmap
+
 
 def scatter_rows(
     dst: Tensor, dst_rows: Tensor, src: Tensor, src_rows: Tensor, compact: bool | None = None
@@ -27,24 +29,38 @@ def scatter_rows(
 
 def window_append(
     ring: Tensor,
-    last_pos: Tensor,
+    latest: Tensor,
     slots: Tensor,
     tokens: Tensor,
     positions: Tensor,
-    valid: Tensor,
     in_ring: Tensor,
 ) -> None:
-    """Write stream tokens into their slots' rings and raise ``last_pos`` to their positions.
+    """Write stream tokens into their slots' rings and keep the ring's ``latest`` flags.
 
-    ring: [S, W_cap + 1] (last column: dump); last_pos: [S, V + 1] int32 (last: dump);
-    tokens, positions, valid, in_ring: [B, L]. ``in_ring`` must not map two tokens of a row
-    to one ring cell.
+    ring: [S, W_cap + 1] int32, latest: [S, W_cap + 1] bool (last column: dump);
+    tokens, positions, in_ring: [B, L], ``in_ring`` marking the tokens that go into the
+    ring (no two of a row to one cell). A cell whose token is among its row's appended
+    tokens loses its flag (a later occurrence exists); an appended cell is flagged iff no
+    later token of its row is the same. Sorting each row's tokens answers both with fixed
+    shapes and O(L log L + W_cap log L) work per row.
     """
-    w_cap, vocab_size = ring.shape[1] - 1, last_pos.shape[1] - 1
+    length, w_cap = tokens.shape[1], ring.shape[1] - 1
+    if length == 0:
+        return
+    keys = torch.where(in_ring, tokens, 2**62)  # 2**62: no ring token
+    keys, order = torch.sort(keys, dim=1, stable=True)  # equal tokens keep column order
+    followed = torch.zeros_like(in_ring)
+    followed[:, :-1] = keys[:, 1:] == keys[:, :-1]  # a later occurrence in the append
+    last_of_token = torch.empty_like(followed).scatter_(1, order, ~followed)
+    old = ring[slots, :w_cap].to(torch.int64)
+    at = torch.searchsorted(keys, old).clamp(max=length - 1)
+    superseded = keys.gather(1, at) == old
+    latest[slots, :w_cap] &= ~superseded
     rows = slots.unsqueeze(1).expand_as(tokens)
-    ring[rows, torch.where(in_ring, positions % w_cap, w_cap)] = tokens
-    flat = rows * last_pos.shape[1] + torch.where(valid, tokens, vocab_size)
-    last_pos.view(-1).scatter_reduce_(0, flat.flatten(), positions.flatten().int(), "amax")
+    cells = torch.where(in_ring, positions % w_cap, w_cap)
+    ring[rows, cells] = tokens.to(ring.dtype)
+    latest[rows, cells] = last_of_token
+    latest[:, w_cap] = False
 
 
 def packed_logits(hidden: Tensor, rows: Tensor, count: Tensor) -> Tensor:
@@ -69,15 +85,16 @@ def packed_topk(
 
     Logits are ``hidden [N, d] @ rows[r]`` in float32. Row r is allowed for hidden row n
     when ``r < count``, ``ids[r] >= 0`` and either r is pinned (``r < num_pinned``) or
-    ``in_set[row_slots[n], ids[r]]``. Returns (top logits [N, k], packed rows [N, k],
-    log-sum-exp [N]): the allowed entries ordered by logit, descending, ties broken by the
-    lowest row (a stable sort). Where fewer than k rows are allowed the tail holds -inf
-    with some valid row (unspecified); a row with none has log-sum-exp -inf.
+    bit ``ids[r]`` of ``in_set[row_slots[n]]`` is set (a packed bitmap, ``ops.bitmap``).
+    Returns (top logits [N, k], packed rows [N, k], log-sum-exp [N]): the allowed entries
+    ordered by logit, descending, ties broken by the lowest row (a stable sort). Where
+    fewer than k rows are allowed the tail holds -inf with some valid row (unspecified); a
+    row with none has log-sum-exp -inf.
     """
     logits = hidden.to(rows.dtype).float() @ rows.float().T
     r = torch.arange(rows.shape[0], device=rows.device)
     tokens = ids[: rows.shape[0]]
-    member = in_set[row_slots.to(torch.int64).unsqueeze(1), tokens.clamp(min=0)]
+    member = bitmap.test(in_set, row_slots.to(torch.int64).unsqueeze(1), tokens.clamp(min=0))
     allowed = (r < count) & (tokens >= 0) & ((r < num_pinned) | member)
     logits = logits.masked_fill(~allowed, float("-inf"))
     if logits.shape[1] < k:  # fewer rows than k: pad with impossible entries (row 0)

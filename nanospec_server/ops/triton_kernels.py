@@ -43,61 +43,83 @@ def scatter_rows(dst: Tensor, dst_rows: Tensor, src: Tensor, src_rows: Tensor) -
 
 
 @triton.jit
-def _window_append_kernel(
-    ring,
-    last_pos,
-    slots,
-    tokens,
-    positions,
-    valid,
-    in_ring,
-    total,
-    length,
-    ring_stride,
-    w_cap,
-    vocab_stride,
-    BLOCK: tl.constexpr,
-):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = i < total
-    keep = (tl.load(valid + i, mask=live, other=0) != 0) & live
-    slot = tl.load(slots + i // length, mask=keep, other=0)
-    token = tl.load(tokens + i, mask=keep, other=0)
-    position = tl.load(positions + i, mask=keep, other=0)
-    ring_write = keep & (tl.load(in_ring + i, mask=keep, other=0) != 0)
-    tl.store(ring + slot * ring_stride + position % w_cap, token, mask=ring_write)
-    tl.atomic_max(last_pos + slot * vocab_stride + token, position.to(tl.int32), mask=keep)
+def _ring_supersede_kernel(
+    ring, latest, slots, tokens, in_ring, length, ring_stride, w_cap,
+    BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """Program (row b, block of ring cells): a cell whose token is among row b's appended
+    tokens loses its ``latest`` flag (cells about to be overwritten too: no matter)."""
+    b = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside = c < w_cap
+    state = tl.load(slots + b) * ring_stride
+    old = tl.load(ring + state + c, mask=inside, other=-1).to(tl.int64)
+    hit = tl.zeros((BLOCK_C,), tl.int32)
+    for first in range(0, length, BLOCK_T):
+        t = first + tl.arange(0, BLOCK_T)
+        keep = (t < length) & (tl.load(in_ring + b * length + t, mask=t < length, other=0) != 0)
+        token = tl.load(tokens + b * length + t, mask=keep, other=0)
+        token = tl.where(keep, token, -2)  # -2: matches no cell (stale cells hold >= 0)
+        same = (old[:, None] == token[None, :]).to(tl.int32)
+        hit = tl.maximum(hit, tl.max(same, axis=1))
+    flag = tl.load(latest + state + c, mask=inside, other=0)
+    tl.store(latest + state + c, tl.where(hit > 0, 0, flag).to(tl.int8), mask=inside)
+
+
+@triton.jit
+def _ring_write_kernel(
+    ring, latest, slots, tokens, positions, in_ring, length, ring_stride, w_cap,
+    BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """Program (row b, block of appended tokens): write them into the ring, each flagged
+    iff no later token of the row is the same. Runs after ``_ring_supersede_kernel``."""
+    b = tl.program_id(0)
+    i = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    keep = (i < length) & (tl.load(in_ring + b * length + i, mask=i < length, other=0) != 0)
+    state = tl.load(slots + b) * ring_stride
+    token = tl.load(tokens + b * length + i, mask=keep, other=-2)
+    position = tl.load(positions + b * length + i, mask=keep, other=0)
+    later = tl.zeros((BLOCK_T,), tl.int32)
+    for first in range(tl.program_id(1) * BLOCK_T, length, BLOCK_T):
+        j = first + tl.arange(0, BLOCK_T)
+        j_keep = (j < length) & (tl.load(in_ring + b * length + j, mask=j < length, other=0) != 0)
+        other = tl.load(tokens + b * length + j, mask=j_keep, other=0)
+        other = tl.where(j_keep, other, -3)
+        same = (token[:, None] == other[None, :]) & (j[None, :] > i[:, None])
+        later = tl.maximum(later, tl.max(same.to(tl.int32), axis=1))
+    cell = state + position % w_cap
+    tl.store(ring + cell, token.to(tl.int32), mask=keep)
+    tl.store(latest + cell, (later == 0).to(tl.int8), mask=keep)
 
 
 def window_append(
     ring: Tensor,
-    last_pos: Tensor,
+    latest: Tensor,
     slots: Tensor,
     tokens: Tensor,
     positions: Tensor,
-    valid: Tensor,
     in_ring: Tensor,
 ) -> None:
-    assert ring.is_contiguous() and last_pos.is_contiguous()
+    """``reference.window_append`` in two launches: flags of superseded cells (grid rows x
+    cell blocks), then the new cells (grid rows x token blocks). Fixed grid for a given
+    [B, L]: graph-capturable."""
+    assert ring.is_contiguous() and latest.is_contiguous() and ring.dtype == torch.int32
     batch, length = tokens.shape
-    total = batch * length
-    if total:
-        block = 256
-        _window_append_kernel[(triton.cdiv(total, block),)](
-            ring,
-            last_pos,
-            slots.contiguous(),
-            tokens.contiguous(),
-            positions.contiguous(),
-            valid.to(torch.int8).contiguous(),
-            in_ring.to(torch.int8).contiguous(),
-            total,
-            length,
-            ring.shape[1],
-            ring.shape[1] - 1,
-            last_pos.shape[1],
-            BLOCK=block,
-        )
+    if batch * length == 0:
+        return
+    w_cap = ring.shape[1] - 1
+    slots, tokens = slots.contiguous(), tokens.to(torch.int64).contiguous()
+    in_ring = in_ring.to(torch.int8).contiguous()
+    flags = latest.view(torch.int8)
+    block_c, block_t = 128, 64
+    _ring_supersede_kernel[(batch, triton.cdiv(w_cap, block_c))](
+        ring, flags, slots, tokens, in_ring, length, ring.shape[1], w_cap,
+        BLOCK_C=block_c, BLOCK_T=block_t,
+    )  # fmt: skip
+    _ring_write_kernel[(batch, triton.cdiv(length, block_t))](
+        ring, flags, slots, tokens, positions.contiguous(), in_ring, length, ring.shape[1],
+        w_cap, BLOCK_T=block_t,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -141,43 +163,72 @@ def packed_logits(hidden: Tensor, rows: Tensor, count: Tensor) -> Tensor:
 
 
 @triton.jit
+def _bit(token):
+    """(word offset, int32 mask) of a token's bit in a packed bitmap row (ops.bitmap)."""
+    return token >> 5, tl.full(token.shape, 1, tl.int32) << (token & 31).to(tl.int32)
+
+
+@triton.jit
 def _window_refresh_kernel(
-    ring, length, last_pos, members, in_set, slots, free_list,
+    ring, latest, length, members, in_set, slots, free_list,
     enter_tokens, enter, leave_tokens, leave, enter_list, leave_list, list_lengths,
-    w_max, w_cap, ring_stride, vocab_stride, BLOCK: tl.constexpr,
+    w_max, w_cap, ring_stride, words_stride, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """One program per slot: WindowState.refresh (leave, free list, enter) in three passes
-    over the slot's W_cap table entries and ring columns. Besides the masks, it writes the
-    leaving and entering tokens compacted, in mask order (``leave_list[b, :n_leave]``,
-    ``enter_list[b, :n_enter]``, ``list_lengths[b] = (n_enter, n_leave)``): the union
-    kernel then visits only tokens that changed. ``w_max`` holds one per slot."""
+    """One program per slot: WindowState.refresh_reference in four passes over the slot's
+    W_cap ring cells and table entries, with barriers between:
+    1. window tokens (flagged cells in the window): clear their bits, and those whose bit
+       was clear enter;
+    2. members whose bit is still set left: free their entries;
+    3. the free entries, in order;
+    4. set the bits of every window token; the k-th entering one takes free entry k.
+    Besides the masks, it writes the leaving and entering tokens compacted, in mask order
+    (``leave_list[b, :n_leave]``, ``enter_list[b, :n_enter]``, ``list_lengths[b] =
+    (n_enter, n_leave)``): the union kernel then visits only tokens that changed.
+    ``w_max`` holds one per slot. Bits of one word are changed by atomics: distinct
+    tokens of a row can share a word."""
     b = tl.program_id(0)
     slot = tl.load(slots + b)
     end = tl.load(length + slot)
     start = tl.maximum(end - tl.load(w_max + b), 0)
-    state = slot * ring_stride  # members and ring share the [S, W_cap + 1] layout
-    lp_row = last_pos + slot * vocab_stride
-    in_row = in_set + slot * vocab_stride
+    state = slot * ring_stride  # ring, latest and members share the [S, W_cap + 1] layout
+    bits = in_set + slot * words_stride
     out = b * w_cap
-    # Leave: members whose latest occurrence fell out of the window.
+    # 1. Window tokens: clear members' bits; the others enter.
+    for first in range(0, w_cap, BLOCK):
+        c = first + tl.arange(0, BLOCK)
+        inside = c < w_cap
+        back = ((end - 1 - c) % w_cap + w_cap) % w_cap  # floor modulo, as in torch
+        position = end - 1 - back
+        token = tl.load(ring + state + c, mask=inside, other=0).to(tl.int64)
+        flagged = tl.load(latest + state + c, mask=inside, other=0) != 0
+        in_window = inside & flagged & (position >= start)
+        word, bit = _bit(token)
+        old = tl.atomic_and(bits + word, ~bit, mask=in_window)
+        new = in_window & ((old & bit) == 0)
+        tl.store(enter_tokens + out + c, token, mask=inside)
+        tl.store(enter + out + c, new.to(tl.int8), mask=inside)
+    tl.debug_barrier()
+    # 2. Leave: members whose bit is still set are not in the window.
     left = 0
     for first in range(0, w_cap, BLOCK):
         j = first + tl.arange(0, BLOCK)
         inside = j < w_cap
-        token = tl.load(members + state + j, mask=inside, other=-1)
+        token = tl.load(members + state + j, mask=inside, other=-1).to(tl.int64)
         held = token >= 0
         safe = tl.where(held, token, 0)
-        latest = tl.load(lp_row + safe, mask=held, other=0)
-        gone = held & (latest < start)
+        word, bit = _bit(safe)
+        # Clearing every member's bit is a no-op for those of the window (already clear);
+        # the old word tells which were still set. Atomics only: no cached word is read.
+        old = tl.atomic_and(bits + word, ~bit, mask=held)
+        gone = held & ((old & bit) != 0)
         tl.store(leave_tokens + out + j, safe, mask=inside)
         tl.store(leave + out + j, gone.to(tl.int8), mask=inside)
-        tl.store(in_row + safe, tl.zeros_like(safe).to(tl.int8), mask=gone)
-        tl.store(members + state + j, tl.full([BLOCK], -1, tl.int64), mask=gone)
+        tl.store(members + state + j, tl.full([BLOCK], -1, tl.int32), mask=gone)
         gone_rank = left + tl.cumsum(gone.to(tl.int32), 0) - 1
         tl.store(leave_list + out + gone_rank, safe, mask=gone)
         left += tl.sum(gone.to(tl.int32), 0)
     tl.debug_barrier()
-    # The free table entries, in order.
+    # 3. The free table entries, in order.
     free_seen = 0
     for first in range(0, w_cap, BLOCK):
         j = first + tl.arange(0, BLOCK)
@@ -187,24 +238,22 @@ def _window_refresh_kernel(
         tl.store(free_list + out + rank, j.to(tl.int64), mask=free)
         free_seen += tl.sum(free.to(tl.int32), 0)
     tl.debug_barrier()
-    # Enter: distinct window tokens (each counted at its latest position) not yet members;
-    # the k-th takes the k-th free entry.
+    # 4. The new sets' bits; entering tokens take the free entries in order.
     entered = 0
     for first in range(0, w_cap, BLOCK):
         c = first + tl.arange(0, BLOCK)
         inside = c < w_cap
-        back = ((end - 1 - c) % w_cap + w_cap) % w_cap  # floor modulo, as in torch
+        back = ((end - 1 - c) % w_cap + w_cap) % w_cap
         position = end - 1 - back
-        token = tl.load(ring + state + c, mask=inside, other=0)
-        latest = tl.load(lp_row + token, mask=inside, other=-2)
-        member = tl.load(in_row + token, mask=inside, other=1) != 0
-        new = inside & (position >= start) & (latest == position) & ~member
+        token = tl.load(ring + state + c, mask=inside, other=0).to(tl.int64)
+        flagged = tl.load(latest + state + c, mask=inside, other=0) != 0
+        in_window = inside & flagged & (position >= start)
+        word, bit = _bit(token)
+        tl.atomic_or(bits + word, bit, mask=in_window)
+        new = tl.load(enter + out + c, mask=inside, other=0) != 0
         rank = entered + tl.cumsum(new.to(tl.int32), 0) - 1
         entry = tl.load(free_list + out + rank, mask=new, other=0)
-        tl.store(members + state + entry, token, mask=new)
-        tl.store(in_row + token, tl.full([BLOCK], 1, tl.int8), mask=new)
-        tl.store(enter_tokens + out + c, token, mask=inside)
-        tl.store(enter + out + c, new.to(tl.int8), mask=inside)
+        tl.store(members + state + entry, token.to(tl.int32), mask=new)
         tl.store(enter_list + out + rank, token, mask=new)
         entered += tl.sum(new.to(tl.int32), 0)
     tl.store(list_lengths + 2 * b, entered)
@@ -212,13 +261,14 @@ def _window_refresh_kernel(
 
 
 def window_refresh(
-    ring: Tensor, length: Tensor, last_pos: Tensor, members: Tensor, in_set: Tensor,
+    ring: Tensor, latest: Tensor, length: Tensor, members: Tensor, in_set: Tensor,
     slots: Tensor, w_max: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:  # fmt: skip
     """WindowState.refresh in one launch: updates ``members``/``in_set`` of ``slots`` and
     returns the diff (enter_tokens, enter, leave_tokens, leave), each [B, W_cap], and the
     same changes compacted: (enter_list, leave_list [B, W_cap], lengths [B, 2] int32)."""
     assert ring.is_contiguous() and members.is_contiguous() and in_set.is_contiguous()
+    assert in_set.dtype == torch.int32 and members.dtype == ring.dtype == torch.int32
     assert w_max.shape == slots.shape and w_max.dtype == torch.int64 and w_max.is_contiguous()
     batch, w_cap = len(slots), ring.shape[1] - 1
     device = ring.device
@@ -232,9 +282,9 @@ def window_refresh(
     lengths = torch.zeros(batch, 2, dtype=torch.int32, device=device)
     if batch:
         _window_refresh_kernel[(batch,)](
-            ring, length, last_pos, members, in_set.view(torch.int8), slots.contiguous(),
+            ring, latest.view(torch.int8), length, members, in_set, slots.contiguous(),
             free_list, enter_tokens, enter, leave_tokens, leave, enter_list, leave_list, lengths,
-            w_max, w_cap, ring.shape[1], last_pos.shape[1],
+            w_max, w_cap, ring.shape[1], in_set.shape[1],
             BLOCK=min(1024, triton.next_power_of_2(max(w_cap, 16))),
         )  # fmt: skip
     compact = (enter_list, leave_list, lengths)
@@ -268,7 +318,7 @@ def _take_best(values, rows, best_v, best_r, taken, K: tl.constexpr, SENTINEL: t
 @triton.jit
 def _packed_topk_partial_kernel(
     hidden, rows, count, ids, in_set, row_slots, part_v, part_r, part_m, part_s,
-    n_rows, hidden_size, num_pinned, stride_h, stride_r, vocab_stride,
+    n_rows, hidden_size, num_pinned, stride_h, stride_r, words_stride,
     SPLITS: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -307,10 +357,11 @@ def _packed_topk_partial_kernel(
             acc += tl.dot(h, tl.trans(w))
         token = tl.load(ids + r, mask=r_ok, other=-1)
         held = token >= 0
+        word, bit = _bit(tl.where(held, token, 0))
         member = tl.load(
-            in_set + slot[:, None].to(tl.int64) * vocab_stride + tl.where(held, token, 0)[None, :],
+            in_set + slot[:, None].to(tl.int64) * words_stride + word[None, :],
             mask=n_ok[:, None] & held[None, :], other=0,
-        )  # fmt: skip
+        ) & bit[None, :]  # fmt: skip
         allowed = (r_ok & held)[None, :] & ((r < num_pinned)[None, :] | (member != 0))
         x = tl.where(allowed, acc, float("-inf"))
         m_new = tl.maximum(m, tl.max(x, axis=1))
@@ -368,7 +419,8 @@ def packed_topk(
     merge of the splits. Graph-capturable: no host read, shapes depend on N, k only."""
     n_rows, hidden_size = hidden.shape
     capacity, device = rows.shape[0], rows.device
-    assert rows.stride(1) == 1 and in_set.is_contiguous() and k >= 1
+    assert rows.stride(1) == 1 and in_set.is_contiguous() and in_set.dtype == torch.int32
+    assert k >= 1
     hidden = hidden.to(rows.dtype).contiguous()
     block_r, block_d = 64, 64
     block_n = max(16, min(64, triton.next_power_of_2(max(n_rows, 1))))
@@ -384,7 +436,7 @@ def packed_topk(
     if n_rows == 0:
         return top_v, top_r, lse
     _packed_topk_partial_kernel[(splits, triton.cdiv(n_rows, block_n))](
-        hidden, rows, count, ids, in_set.view(torch.int8), row_slots.to(torch.int64).contiguous(),
+        hidden, rows, count, ids, in_set, row_slots.to(torch.int64).contiguous(),
         part_v, part_r, part_m, part_s, n_rows, hidden_size, num_pinned,
         hidden.stride(0), rows.stride(0), in_set.shape[1],
         SPLITS=splits, K=k, KP=kp, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_D=block_d,

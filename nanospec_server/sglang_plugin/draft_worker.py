@@ -75,11 +75,11 @@ def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
         memory = vocab.memory_report()
         logger.info(
             "nanospec: %s mode, W_max=%d (cap %d), K_pre=%d, K_ver=%d, prior %d; device memory "
-            "%.1f MiB: %d window slots x %.2f MiB + union head of %d rows %.1f MiB",
+            "%.1f MiB: %d window slots x %.1f KiB + union head of %d rows %.1f MiB",
             config.mode.value, config.w_max, config.w_cap, config.k_pre, config.k_ver,
             config.prior_k,
             memory["total_bytes"] / 2**20, memory["slots"],
-            memory["window_bytes_per_slot"] / 2**20, memory["union_capacity"],
+            memory["window_bytes_per_slot"] / 2**10, memory["union_capacity"],
             memory["union_bytes"] / 2**20,
         )  # fmt: skip
     elif config.mode == Mode.STATIC and worker.hot_token_id is None:

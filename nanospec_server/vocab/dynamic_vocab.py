@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from nanospec_server import ops
+from nanospec_server.ops import bitmap
 from nanospec_server.vocab.union_head import UnionHead
 from nanospec_server.vocab.window import WindowState
 
@@ -230,9 +231,8 @@ class DynamicVocab:
 
     def _allowed(self, ids: Tensor, row_slots: Tensor) -> Tensor:
         """[N, R]: packed row r (token ``ids[r]``, -1 if free) is in row n's active set."""
-        in_set = self.window.in_set
-        row_base = row_slots.to(self.device, torch.int64).unsqueeze(1) * in_set.shape[1]
-        allowed = in_set.view(-1)[row_base + ids.clamp(min=0)] & (ids >= 0)
+        rows = row_slots.to(self.device, torch.int64).unsqueeze(1)
+        allowed = bitmap.test(self.window.in_set, rows, ids.clamp(min=0)) & (ids >= 0)
         return allowed | (torch.arange(len(ids), device=self.device) < self.head.num_pinned)
 
     # -- statistics ---------------------------------------------------------------------

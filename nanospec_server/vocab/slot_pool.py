@@ -1,10 +1,10 @@
 """Compact vocabulary slots for an engine's request pool.
 
 An engine's request pool (SGLang's ``req_to_token_pool``) has far more entries than
-requests ever run at once, and the per-request window state is O(V). So the vocabulary
-keeps one slot per *running* request and this map sends pool index -> slot on the device
-(0: padding, or a request that found no free slot), so a step looks slots up without a
-host sync and a CUDA graph replays the lookup. Claims and releases happen on the host,
+requests ever run at once, and each window slot costs O(W_cap) plus a V-bit bitmap. So
+the vocabulary keeps one slot per *running* request and this map sends pool index -> slot
+on the device (0: padding, or a request that found no free slot), so a step looks slots up
+without a host sync and a CUDA graph replays the lookup. Claims and releases happen on the host,
 at admission time.
 """
 

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nanospec_server.ops import reference, triton_kernels
+from nanospec_server.ops import bitmap, reference, triton_kernels
 
 
 @st.composite
@@ -48,7 +48,7 @@ def check(case: dict, device: str) -> None:
     ids = torch.full((capacity + 1,), -1, dtype=torch.int64)
     ids[:count] = torch.randperm(vocab_size, generator=gen)[:count]
     ids[:count][torch.rand(count, generator=gen) < 0.1] = -1  # a few free rows below count
-    in_set = torch.rand(num_slots, vocab_size + 1, generator=gen) < 0.5
+    in_set = bitmap.pack(torch.rand(num_slots, vocab_size, generator=gen) < 0.5)
     row_slots = torch.randint(0, num_slots, (n_rows,), generator=gen)
     hidden = torch.randint(-spread, spread + 1, (n_rows, case["hidden"]), generator=gen).float()
     args = (torch.tensor([count]), ids, in_set, row_slots, case["num_pinned"], case["k"])

@@ -1,5 +1,5 @@
-"""The fused window refresh (one Triton kernel) against WindowState's torch code, in the
-Triton interpreter on CPU."""
+"""The Triton window append and fused window refresh against WindowState's torch code, in
+the Triton interpreter on CPU (repeats, W_max shrinking and growing back, per-row W_max)."""
 
 import os
 import subprocess
@@ -11,7 +11,7 @@ import pytest
 CHECK = Path(__file__).with_name("window_refresh_check.py")
 
 
-def test_fused_window_refresh_matches_the_torch_reference():
+def test_triton_window_append_and_refresh_match_the_torch_reference():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "NANOSPEC_OPS": "reference"}
     result = subprocess.run(

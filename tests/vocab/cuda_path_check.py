@@ -1,6 +1,7 @@
 """Run by test_cuda_path_interpreted.py under TRITON_INTERPRET=1 (and by the device check
 on a GPU): the CUDA path (fixed shapes, Triton kernels) against the torch reference path,
-on random streams and per-request W_max, with a union buffer that sometimes overflows."""
+on random streams, per-request W_max and a live W_max that shrinks and grows back, with a
+union buffer that sometimes overflows."""
 
 import sys
 
@@ -34,9 +35,9 @@ def run(device: str, seeds: range, vocab_size: int = 211, hidden: int = 32) -> N
                 own = torch.randint(0, w_cap + 1, (len(slots),), generator=gen).tolist()
                 fast.set_request_w_max(slots.to(device), own)
                 slow.set_request_w_max(slots, own)
-            if step == 6:
-                fast.set_w_max(max(1, w_cap // 2))
-                slow.set_w_max(max(1, w_cap // 2))
+            if step in (6, 9):  # the live W_max shrinks, then grows back
+                fast.set_w_max(max(1, w_cap // 2) if step == 6 else w_cap)
+                slow.set_w_max(max(1, w_cap // 2) if step == 6 else w_cap)
             fast.append(slots.to(device), tokens.to(device), valid.to(device))
             fast.refresh(slots.to(device))
             probs, ids = fast.topk(hidden_rows.to(device), slots.repeat_interleave(2).to(device), 4)

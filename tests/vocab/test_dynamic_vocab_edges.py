@@ -6,6 +6,7 @@ from vocab_checks import check_contains, check_state, check_topk, ops_backend
 from vocab_oracle import NaiveVocab
 
 from nanospec_server.vocab import DynamicVocab
+from nanospec_server.vocab.window import WindowState
 
 VOCAB, HIDDEN = 53, 16
 
@@ -146,6 +147,27 @@ def test_state_bytes_matches_the_allocation():
     vocab = DynamicVocab(weight, 6, w_cap=5, w_max=5, always_active=(1,), max_batch=3)
     expected = DynamicVocab.state_bytes(VOCAB, 5, 6, HIDDEN, 4, max_batch=3, num_pinned=1)
     assert vocab.nbytes() == expected
+
+
+@pytest.mark.parametrize("w_cap", [8, 3072])
+def test_per_slot_state_grows_with_the_vocabulary_by_one_bitmap_at_most(w_cap):
+    """O(W_cap) per slot plus V bits: from V = 1000 to 151,936, a slot may grow by the
+    bitmap's bytes only (the formula and the allocation alike)."""
+    small, large = 1000, 151936
+    allowed = (large - small) / 8 + 4  # + 4: rounding to whole int32 words
+    assert (
+        WindowState.bytes_per_slot(large, w_cap) - WindowState.bytes_per_slot(small, w_cap)
+        <= allowed
+    )
+    slots = 3
+    sizes = [WindowState(v, w_cap, slots, torch.device("cpu")).nbytes() for v in (small, large)]
+    assert sizes == [slots * WindowState.bytes_per_slot(v, w_cap) for v in (small, large)]
+    assert (sizes[1] - sizes[0]) / slots <= allowed
+    # And linear in W_cap: at most 16 bytes per ring cell (ring, flag, members table).
+    assert (
+        WindowState.bytes_per_slot(large, 2 * w_cap) - WindowState.bytes_per_slot(large, w_cap)
+        <= 16 * w_cap
+    )
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
