@@ -5,8 +5,8 @@ from __future__ import annotations
 from nanospec_server.host import CPU_THREADS_ENV, default_cpu_threads, scheduler_cpu_threads
 
 
-def test_default_leaves_two_cores_to_the_other_processes() -> None:
-    assert [default_cpu_threads(n) for n in (1, 2, 3, 8, 64)] == [1, 1, 1, 6, 62]
+def test_small_hosts_use_every_core_large_ones_leave_two() -> None:
+    assert [default_cpu_threads(n) for n in (1, 2, 3, 4, 5, 8, 64)] == [1, 2, 3, 4, 4, 6, 62]
 
 
 def test_environment_overrides_the_default(monkeypatch) -> None:
