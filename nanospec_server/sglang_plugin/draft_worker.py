@@ -7,9 +7,11 @@ methods change; everything else is SGLang's own code path.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 
+import torch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.runtime_context import get_parallel, get_serving, get_spec
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
@@ -29,6 +31,8 @@ logger = logging.getLogger(__name__)
 class NanoSpecDraftMixin:
     def init_lm_head(self) -> None:
         super().init_lm_head()
+        if self.speculative_algorithm.is_standalone() and self.hot_token_id is not None:
+            _prune_standalone_head(self.draft_runner.model, self.hot_token_id)
         self.nanospec = _build_runtime(self)
         runtime_module.RUNTIME = self.nanospec
         draft_model = self.draft_runner.model
@@ -157,6 +161,21 @@ def _check_supported(worker: EagleDraftWorker, config: NanoSpecConfig) -> None:
         )
     if get_parallel().tp_size > 1:
         raise ValueError(f"{mode} supports --tp-size 1 only (the draft head is not sharded)")
+
+
+def _prune_standalone_head(draft_model, hot_token_id: torch.Tensor) -> None:
+    """Give a STANDALONE draft the FR-Spec head its token map implies.
+
+    SGLang's STANDALONE worker keeps the draft's own full LM head (its ``init_lm_head`` is
+    a no-op) yet maps every draft top-k index through the token map as if the head had been
+    pruned to it, so any index past the map's length fails. The pruned head is a copy: with
+    tied embeddings the head module is the embedding, which must keep every row.
+    """
+    head = copy.copy(draft_model.lm_head)
+    head._parameters = dict(head._parameters)  # a shallow copy would share the weight slot
+    rows = draft_model.lm_head.weight.data[hot_token_id.to(draft_model.lm_head.weight.device)]
+    head.weight = torch.nn.Parameter(rows.clone(), requires_grad=False)
+    draft_model.lm_head = head
 
 
 def _capture_full_target_hidden_in_prefill(target_worker) -> None:

@@ -111,6 +111,18 @@ def test_mode_is_lossless_with_consistent_stats(
             assert generate(url, PROMPTS[0], MAX_NEW[0])["output_ids"] == plain_outputs[0]
 
 
+def test_standalone_static_drafts_from_the_token_map(serve, plain_outputs, token_map) -> None:
+    # SGLang's STANDALONE worker keeps the draft's full head but maps its top-k through the
+    # token map; without the pruned head an index past the map's length fails the server.
+    flags = speculative_flags("STANDALONE", "agree-standalone", NUM_STEPS, 1, NUM_STEPS + 1)
+    flags += ["--nanospec-mode", "static", "--speculative-token-map", token_map]
+    with serve("agree-target", flags) as url:
+        results = generate_waves(url)
+        for expected, result in zip(plain_outputs, results, strict=True):
+            assert result["output_ids"] == expected
+        assert last_stats(results[0])["lm_head_rows_mean"] == STATIC_K
+
+
 def check_stats(stats: dict, mode: str) -> None:
     assert stats["mode"] == mode
     assert stats["draft_steps"] > 0
