@@ -21,6 +21,24 @@ BAD_FLAGS = [
 ]
 
 
+def test_the_embedded_pair_on_a_cpu_drafts_with_the_hybrid_prior(monkeypatch) -> None:
+    from nanospec_server import cli, host
+
+    parser = cli.build_parser()
+
+    def prior_of(*argv: str, cuda: bool = False) -> int:
+        monkeypatch.setattr(host, "has_cuda", lambda: cuda)
+        args, rest = parser.parse_known_args(["serve", *argv])
+        return cli._default_prior_k(args, rest)
+
+    assert prior_of() == 2048
+    assert prior_of(cuda=True) == 0
+    assert prior_of("--tiny") == 0
+    assert prior_of("--model-path", "m") == 0
+    args, _ = parser.parse_known_args(["serve", "--nanospec-prior-k", "0"])
+    assert args.nanospec_prior_k == 0  # a value given is kept
+
+
 @pytest.mark.parametrize(("flags", "named"), BAD_FLAGS)
 def test_bad_flags_fail_fast_naming_the_flag(flags: list[str], named: str) -> None:
     command = [sys.executable, "-m", "nanospec_server.cli", "serve", *flags]
