@@ -21,6 +21,7 @@ needs the plain rows. ``NANOSPEC_CPU_LINEAR=0`` turns it off.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -90,21 +91,25 @@ class PackedHeads:
 PACKED_HEADS = PackedHeads()
 
 
+@functools.cache
+def _quantized_head_check() -> Callable:
+    """SGLang's own test for an LM head its quant method computes (looked up once, not on
+    every logits call)."""
+    from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
+
+    return should_apply_lm_head_quant_method
+
+
 def lm_head_hook(original: Callable, processor, hidden: Tensor, lm_head, *args, **kwargs):
     """AROUND ``LogitsProcessor._compute_lm_head``: plain fp32 CPU heads use the packed
     kernel; LoRA, quantized, biased and our own packed draft heads go the original way."""
-    import importlib
-
-    logits_module = importlib.import_module(LOGITS)
     bias = args[0] if args else kwargs.get("embedding_bias")
     weight = getattr(lm_head, "weight", None)
     plain = (
         weight is not None
         and bias is None
         and not hasattr(lm_head, "set_lora")
-        and not logits_module.should_apply_lm_head_quant_method(
-            lm_head, getattr(lm_head, "quant_method", None)
-        )
+        and not _quantized_head_check()(lm_head, getattr(lm_head, "quant_method", None))
         and hidden.dtype == torch.float32
         and packable(weight)
     )
