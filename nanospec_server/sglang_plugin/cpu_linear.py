@@ -29,33 +29,17 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from nanospec_server.ops.packed_linear import available, pack, packable, packed_linear
+
 logger = logging.getLogger(__name__)
 
 ENV = "NANOSPEC_CPU_LINEAR"
 UNQUANT = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod"
 LOGITS = "sglang.srt.layers.logits_processor"
-# oneDNN's blocking for up to this many rows; results stay identical for any row count.
-PACK_BATCH_HINT = 8
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0" and torch.backends.mkldnn.is_available()
-
-
-def packable(weight: Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
-
-
-def pack(weight: Tensor) -> Tensor:
-    """The weight [N, K] in oneDNN's blocked layout (an opaque mkldnn tensor)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_BATCH_HINT)
-
-
-def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear(x, W, bias)`` for W packed by ``pack``; any leading shape."""
-    flat = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
-    return out.view(*x.shape[:-1], out.shape[-1])
+    return os.environ.get(ENV, "1") != "0" and available()
 
 
 def after_loading_hook(original: Callable, method, layer: torch.nn.Module) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from nanospec_server.models.paths import cache_root
+from nanospec_server.ops.packed_linear import pack_linear_layers
 from nanospec_server.train.attention import use_grouped_sdpa
 from nanospec_server.train.export import export_head
 from nanospec_server.train.features import (
@@ -93,6 +94,7 @@ def _feature_caches(request: TrainRequest, target_dir: Path, hidden_size: int, d
     if not all((d / "manifest.json").is_file() for d in dirs.values()):
         target = load_target(target_dir, device, dtype)
         use_grouped_sdpa(target)  # batched answering without K/V copies (attention.py)
+        pack_linear_layers(target)  # fp32 CPU matmuls without per-call repacking
         tokenizer = load_tokenizer(target_dir)
         eos_ids = _eos_ids(target_dir, tokenizer)
         for split in (Split.VAL, Split.TRAIN):  # validation first: a quick sanity check

@@ -20,6 +20,7 @@ from nanospec_server.models.chat import encode_user_turns
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.reference import eagle_logits
 from nanospec_server.models.tiny.spec import DRAFT_SHAPE
+from nanospec_server.ops.packed_linear import pack_linear_layers
 from nanospec_server.train.attention import use_grouped_sdpa
 from nanospec_server.train.cli import add_train_command, recipe_key
 from nanospec_server.train.distill import DistilledRows, generate_rows
@@ -138,16 +139,19 @@ def _random_prompts(count: int, seed: int) -> list[list[int]]:
     [[list(range(5, 5 + n)) for n in (3, 11, 7, 20, 4)], _random_prompts(48, seed=1)],
     ids=["5 prompts", "48 random prompts"],  # the second: one batch of the size recipes use
 )
-@pytest.mark.parametrize("grouped", [False, True], ids=["sdpa", "grouped_sdpa"])
-def test_answers_match_a_plain_greedy_loop(prompts: list[list[int]], grouped: bool) -> None:
+@pytest.mark.parametrize("answering_as", ["sdpa", "grouped_sdpa", "grouped_sdpa+packed"])
+def test_answers_match_a_plain_greedy_loop(prompts: list[list[int]], answering_as: str) -> None:
     """Batched, left-padded, cached generation gives each row what the target alone gives
     (rows cut short when few are left included: they hold a prefix of it); the reference
-    runs transformers' own attention, the batch also the recipe's grouped_sdpa."""
+    runs transformers' own attention and linear layers, the batch also what the recipe
+    answers with: grouped_sdpa and oneDNN-packed linear layers."""
     model = _tiny_target_fp32()
     answering = _tiny_target_fp32()
-    if grouped:
+    if answering_as.startswith("grouped_sdpa"):
         use_grouped_sdpa(answering)
         assert answering.config._attn_implementation == "nanospec_grouped_sdpa"
+    if answering_as.endswith("packed"):
+        assert pack_linear_layers(answering) > 0
     seq_len = 40
     rows = generate_rows(answering, prompts, seq_len, eos_ids={1}, device=torch.device("cpu"))
     for row, prompt in enumerate(prompts):

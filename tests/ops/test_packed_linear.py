@@ -1,0 +1,76 @@
+"""oneDNN's packed fp32 linear against F.linear, and the module swap the trainer uses."""
+
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanospec_server.ops import packed_linear
+
+shapes = st.tuples(
+    st.integers(1, 40),  # rows
+    st.integers(1, 96),  # in features
+    st.integers(1, 130),  # out features
+    st.booleans(),  # bias
+    st.integers(0, 2**31 - 1),  # seed
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes)
+def test_packed_linear_equals_f_linear(shape):
+    rows, k, n, with_bias, seed = shape
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen)
+    w = torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if with_bias else None
+    out = packed_linear.packed_linear(x, packed_linear.pack(w), b)
+    torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2, 64), st.integers(0, 2**31 - 1))
+def test_a_row_does_not_depend_on_the_rows_beside_it(rows, seed):
+    # What makes a verify pass compute the logits a one-token decode computes.
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 256, generator=gen)
+    packed = packed_linear.pack(torch.randn(384, 256, generator=gen))
+    together = packed_linear.packed_linear(x, packed, None)
+    for i in (0, rows // 2, rows - 1):
+        alone = packed_linear.packed_linear(x[i : i + 1], packed, None)
+        assert torch.equal(alone[0], together[i])
+
+
+def test_leading_dimensions_are_kept():
+    x = torch.randn(2, 3, 16)
+    w = torch.randn(8, 16)
+    out = packed_linear.packed_linear(x, packed_linear.pack(w), None)
+    assert out.shape == (2, 3, 8)
+    torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_packing_a_model_keeps_its_outputs_and_ties():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(50, 16),
+        torch.nn.Linear(16, 32),
+        torch.nn.GELU(),
+        torch.nn.Sequential(torch.nn.Linear(32, 16, bias=False)),
+        torch.nn.Linear(16, 50, bias=False),
+    )
+    model[4].weight = model[0].weight  # a tied LM head keeps the embedding's rows
+    model.eval()
+    ids = torch.randint(0, 50, (3, 7))
+    with torch.inference_mode():
+        expected = model(ids)
+        assert packed_linear.pack_linear_layers(model) == 3
+        got = model(ids)
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert model[0].weight.shape == (50, 16)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_only_fp32_cpu_layers_are_packed():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.bfloat16), torch.nn.Linear(4, 4))
+    assert packed_linear.pack_linear_layers(model) == 1
+    assert isinstance(model[0], torch.nn.Linear)
