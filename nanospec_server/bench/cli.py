@@ -17,9 +17,14 @@ from pathlib import Path
 
 from nanospec_server.bench.configs import MODES, parse_size
 
-# Three servers (ar, full, nanospec): one group, one start, under 10 minutes on 2 cores.
+# Three configurations (ar, full, nanospec), the five tasks with short prompts: summarization
+# and RAG prompts run to ~750 tokens, one to two minutes of prefill each for a CPU's 1.5B target.
 QUICK = {"limit_per_task": 1, "max_new_tokens": 32, "modes": ["full", "nanospec"],
-         "concurrency": [1], "repeats": 1}  # fmt: skip
+         "concurrency": [1], "repeats": 1,
+         "tasks": ["conversation", "translation", "qa", "math", "code"]}  # fmt: skip
+# A CPU host like CI's (24 GB) holds one float32 1.5B + 0.5B server: one server at a time,
+# a small KV pool. Measured: ~N minutes on the idle 2-core host (docs/RESULTS.md).
+QUICK_CPU = {"max_servers": 1, "max_total_tokens": 4096}
 TINY = {"target": "agree-target", "eagle": ["agree-eagle"], "standalone": [],
         "dtype": "float32", "static_ks": [256], "max_total_tokens": 8192}  # fmt: skip
 
@@ -105,7 +110,8 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--quick",
         action="store_true",
-        help="1 prompt per task, 32 new tokens, full and nanospec, concurrency 1",
+        help="1 prompt of each short task (not summarization, RAG), 32 new tokens, full and "
+        "nanospec, concurrency 1; on a CPU one server at a time, a 4096-token KV pool",
     )
     run.set_defaults(func=lambda args: run_command(args, run))
 
@@ -132,6 +138,8 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
         if args.analysis != "main":
             quick.pop("modes")
         values |= quick
+        if not on_gpu and not args.tiny:
+            values |= QUICK_CPU
     given = {"target": args.target, "standalone": args.standalone, "eagle": args.eagle,
              "shapes": args.shape, "modes": args.modes, "static_ks": args.static_k,
              "w_maxes": args.w_max, "prior_ks": args.prior_k, "tasks": args.tasks, "specbench": args.specbench,

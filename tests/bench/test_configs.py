@@ -50,7 +50,9 @@ def test_cli_prior_k_and_the_prior_preset() -> None:
     assert preset.prior_ks == [0, 512, 2048, 8192] and preset.modes == ["full", "nanospec"]
     quick = parse("--quick")
     assert quick.limit_per_task == 1 and quick.max_new_tokens == 32
-    assert quick.modes == ["full", "nanospec"]  # ar + 2: three servers, one start
+    assert quick.modes == ["full", "nanospec"]  # ar + 2
+    assert "summarization" not in quick.tasks and "rag" not in quick.tasks  # long prefills
+    assert parse("--quick", "--max-servers", "2").max_servers == 2  # a flag beats the preset
 
 
 def test_cli_refuses_a_negative_prior(capsys: pytest.CaptureFixture) -> None:
@@ -72,3 +74,16 @@ def test_several_drafts_and_shapes_get_names_of_their_own(tmp_path: Path) -> Non
     assert flag(tree, "--speculative-eagle-topk") == "4"
     assert [d.label for d in drafts_for("STANDALONE", [a], [(4, 1, 5)])] == ["standalone"]
     assert parse("--shape", "4,1,5", "4,4,8").shapes == [(4, 1, 5), (4, 4, 8)]
+
+
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_quick_runs_one_server_at_a_time_on_a_cpu(monkeypatch, on_gpu: bool) -> None:
+    from nanospec_server import host
+
+    monkeypatch.setattr(host, "has_cuda", lambda: on_gpu)
+    quick = parse("--quick")
+    if on_gpu:
+        assert quick.max_servers is None and quick.max_total_tokens != 4096
+    else:
+        assert (quick.max_servers, quick.max_total_tokens) == (1, 4096)
+    assert parse("--quick", "--tiny").max_servers is None  # tiny servers fit side by side
