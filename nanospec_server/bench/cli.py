@@ -1,6 +1,6 @@
 """`nanospec bench`: run, report, and the offline analyses.
 
-nanospec bench run --quick --max-total-tokens 8192   # real pair, every task, < 10 min
+nanospec bench run --quick                       # real pair: ar, full, nanospec; 5 short tasks
 nanospec bench run --tiny --quick                # tiny offline models (a minute)
 nanospec bench run --analysis vocab-sweep        # Figure 1a: static top-k 32k..512
 nanospec bench run --analysis wmax               # Figure 6: W_max 256..8192
@@ -23,7 +23,7 @@ QUICK = {"limit_per_task": 1, "max_new_tokens": 32, "modes": ["full", "nanospec"
          "concurrency": [1], "repeats": 1,
          "tasks": ["conversation", "translation", "qa", "math", "code"]}  # fmt: skip
 # A CPU host like CI's (24 GB) holds one float32 1.5B + 0.5B server: one server at a time,
-# a small KV pool. Measured: ~N minutes on the idle 2-core host (docs/RESULTS.md).
+# a small KV pool (docs/RESULTS.md has its time on the idle 2-core host).
 QUICK_CPU = {"max_servers": 1, "max_total_tokens": 4096}
 TINY = {"target": "agree-target", "eagle": ["agree-eagle"], "standalone": [],
         "dtype": "float32", "static_ks": [256], "max_total_tokens": 8192}  # fmt: skip
