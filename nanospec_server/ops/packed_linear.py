@@ -1,9 +1,10 @@
 """fp32 linear layers on CPU through oneDNN, with weights packed once.
 
 ``F.linear``'s small-M GEMM repacks the whole weight on every call; oneDNN's linear reads
-a weight packed once as it is. Measured one thread on this 2-core AVX2 host: an 896 x 4864
-linear at 5 rows costs ~1.5x one row packed against ~2.9x with ``F.linear``, and at 128
-rows ~0.7x ``F.linear``'s time. A row's result does not depend on how many rows share the
+a weight packed once as it is. Measured on this 2-core AVX2 host: a 5-token verify of the
+0.5B target costs ~1.5x a one-token decode packed against ~2.9x with ``F.linear``
+(``benchmarks/cpu_linear.py``), and an 896 x 4864 linear at 128 rows takes ~17 ms packed
+against ~25 ms (one thread). A row's result does not depend on how many rows share the
 call (``F.linear``'s GEMV and GEMM round differently), which token-identical speculative
 decoding needs. Used by SGLang's linear layers (``sglang_plugin/cpu_linear.py``) and by
 the trainer's answering target (``train/run.py``). Inference only: no autograd.

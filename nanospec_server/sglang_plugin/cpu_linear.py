@@ -7,10 +7,8 @@ one-token decode in fp32 (4.0x in bf16, which has no fast kernel on AVX2), so sp
 barely breaks even. oneDNN's linear over a weight packed once at load reads the packed
 weight as it is: 5 tokens cost ~1.5x one (``benchmarks/cpu_linear.py`` measures it).
 
-Also why: a row's result does not depend on how many rows share the call (the packed
-kernel is batch-invariant, ``F.linear`` is not: its GEMV and GEMM round differently), so
-a verify pass and a one-token decode compute the same logits for the same position,
-which is what token-identical speculative decoding needs.
+Also why: packed rows are batch-invariant (``ops/packed_linear.py``), so a verify pass and
+a one-token decode compute the same logits for the same position.
 
 Scope: CPU tensors in float32 only (oneDNN's bf16 path needs AVX-512 or AVX-NE-CONVERT;
 on CPUs with AMX SGLang's own packed kernels serve instead). Linear layers are packed in
