@@ -120,7 +120,7 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
     store.start(info)
     base = ["--model-path", str(target), "--dtype", settings.dtype,
             "--max-total-tokens", str(settings.max_total_tokens), "--mem-fraction-static", str(settings.mem_fraction_static)]  # fmt: skip
-    bench = SideBySide(configs, prompts, AutoTokenizer.from_pretrained(str(target)), store,
+    bench = SideBySide(configs, config_groups, prompts, AutoTokenizer.from_pretrained(str(target)), store,
                        settings.max_new_tokens)  # fmt: skip
     bench.run(batches, base, run_dir / "logs")
     write_report(run_dir)

@@ -49,6 +49,7 @@ class SideBySide:
     def __init__(
         self,
         configs: list[BenchConfig],
+        config_groups: list[list[str]],
         prompts: list[BenchPrompt],
         tokenizer,
         store: ResultStore,
@@ -57,19 +58,14 @@ class SideBySide:
         self.configs = {c.name: c for c in configs}
         self.prompts = {p.id: p for p in prompts}
         self.tokenizer, self.store, self.max_new_tokens = tokenizer, store, max_new_tokens
-        self.ar_of: dict[int, int] = {}  # group -> the group whose ar it is compared with
-
-    def _learn_groups(self, batches: list[Batch]) -> None:
-        numbers = sorted({b.group for b in batches})
-        members = {g: {b.config for b in batches if b.group == g} for g in numbers}
-        config_groups = [sorted(members.get(g, ())) for g in range(max(numbers, default=-1) + 1)]
-        self.ar_of = {g: anchor_group(config_groups, g, AR) for g in numbers}
+        # group -> the group whose ar it is compared with
+        self.ar_of = {g: anchor_group(config_groups, g, AR) for g in range(len(config_groups))}
 
     # -- prompts ------------------------------------------------------------------------
 
     def first_answer(self, group: int, prompt_id: str) -> str:
         """``ar``'s answer to the first turn: what the second turn follows."""
-        ar_group = self.ar_of.get(group, group)
+        ar_group = self.ar_of[group]
         for record in self.store.records.values():
             if (
                 record.get("group") == ar_group
@@ -90,8 +86,6 @@ class SideBySide:
 
     def execute(self, batches: list[Batch], sender: Sender) -> None:
         """Send every batch not yet stored, storing each as it finishes."""
-        if any(b.group not in self.ar_of for b in batches):
-            self._learn_groups(batches)
         todo = [b for b in batches if b.key not in self.store]
         for batch in tqdm(todo, desc="bench", unit="batch", initial=len(batches) - len(todo),
                           total=len(batches)):  # fmt: skip
@@ -104,7 +98,6 @@ class SideBySide:
     def run(self, batches: list[Batch], base_flags: list[str], log_dir: Path) -> None:
         """Start each group's servers, send its batches, probe its divergences, stop."""
         log_dir.mkdir(parents=True, exist_ok=True)
-        self._learn_groups(batches)
         for group in sorted({b.group for b in batches}):
             mine = [b for b in batches if b.group == group]
             if all(b.key in self.store for b in mine) and self._probed(group):
@@ -146,7 +139,7 @@ class SideBySide:
     def divergences(self, group: int) -> list[dict]:
         """Outputs of this group that differ from ``ar``'s for the same prompt and turn."""
         plain = {}
-        ar_group = self.ar_of.get(group, group)
+        ar_group = self.ar_of[group]
         for r in self.store.records.values():
             if r.get("group") == ar_group and r.get("config") == AR:
                 for item in r["items"]:
@@ -198,7 +191,7 @@ class SideBySide:
     def _ar_output(self, group: int, d: dict) -> list[int]:
         for r in self.store.records.values():
             if (r.get("group"), r.get("config"), r.get("turn"), r.get("repeat"),
-                    r.get("concurrency")) == (self.ar_of.get(group, group), AR, d["turn"], d["repeat"], d["concurrency"]):  # fmt: skip
+                    r.get("concurrency")) == (self.ar_of[group], AR, d["turn"], d["repeat"], d["concurrency"]):  # fmt: skip
                 for item in r["items"]:
                     if item["prompt_id"] == d["prompt_id"]:
                         return item["output_ids"]

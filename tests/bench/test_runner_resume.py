@@ -44,12 +44,15 @@ class RecordingSender:
         return items, 0.5
 
 
-def make_bench(run_dir: Path) -> tuple[SideBySide, list[Batch]]:
+def make_bench(
+    run_dir: Path, config_groups: tuple[tuple[str, ...], ...] = (("ar", "other"),)
+) -> tuple[SideBySide, list[Batch]]:
     store = ResultStore(run_dir)
     store.start({"settings": {"seed": 0}})
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path("tiny-target")))
-    bench = SideBySide(CONFIGS, PROMPTS, tokenizer, store, max_new_tokens=5)
-    batches = plan([["ar", "other"]], {p.id: len(p.turns) for p in PROMPTS}, 1, [1])
+    groups = [list(g) for g in config_groups]
+    bench = SideBySide(CONFIGS, groups, PROMPTS, tokenizer, store, max_new_tokens=5)
+    batches = plan(groups, {p.id: len(p.turns) for p in PROMPTS}, 1, [1])
     return bench, batches
 
 
@@ -102,8 +105,7 @@ def test_a_run_dir_with_other_settings_is_refused(tmp_path: Path) -> None:
 
 
 def test_one_server_at_a_time_follows_and_checks_against_ar_of_group_0(tmp_path: Path) -> None:
-    bench, _ = make_bench(tmp_path)
-    batches = plan([["ar"], ["other"]], {p.id: len(p.turns) for p in PROMPTS}, 1, [1])
+    bench, batches = make_bench(tmp_path, (("ar",), ("other",)))
     sender = RecordingSender()
     bench.execute(batches, sender)
     ar_first = next(r for r in bench.store.records.values()
