@@ -37,7 +37,10 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     cov.set_defaults(func=lambda args: coverage_command(args, cov))
 
     lat = sub.add_parser("latency", help="Table 4: a draft step's latency, part by part")
-    lat.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct", help="name or directory")
+    lat.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct",
+                     help="STANDALONE draft (name or directory), or with --eagle the target "
+                          "whose embedding and LM head the head shares")  # fmt: skip
+    lat.add_argument("--eagle", type=Path, help="time this EAGLE head's draft step instead")
     lat.add_argument("--w-max", type=_positive, default=3072)
     lat.add_argument("--static-k", type=_size, default=32768)
     lat.add_argument("--steps", type=_positive, default=30)
@@ -49,13 +52,16 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(name: str, tiny: bool):
+    """A model in the dtype `nanospec serve` would run it in on this host."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from nanospec_server import host
     from nanospec_server.bench.api import _model_dir
 
     path = _model_dir(name, tiny)
-    dtype = torch.float32 if tiny else torch.bfloat16
+    fp32 = tiny or (not host.has_cuda() and host.cpu_default_dtype() == "float32")
+    dtype = torch.float32 if fp32 else torch.bfloat16
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
     return path, model, AutoTokenizer.from_pretrained(str(path))
 
@@ -117,10 +123,19 @@ def latency_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     from nanospec_server.bench.provenance import command_line, provenance
 
     torch.set_num_threads(1)
-    draft = (
-        "tiny-standalone" if args.tiny and args.draft == parser.get_default("draft") else args.draft
-    )
+    draft = args.draft
+    if args.tiny and draft == parser.get_default("draft"):
+        draft = "tiny-target" if args.eagle else "tiny-standalone"
     path, model, tokenizer = _load(draft, args.tiny)
+    fc = None
+    if args.eagle:
+        if not (args.eagle / "model.safetensors").is_file():
+            parser.error(f"--eagle: {args.eagle} holds no model.safetensors")
+        try:
+            model, fc = latency.eagle_draft(args.eagle, model, model.lm_head.weight.dtype)
+        except (ValueError, RuntimeError) as error:
+            parser.error(f"--eagle: {error}")
+        path = args.eagle
     try:
         prompts = load_specbench(specbench_path(Path(args.specbench) if args.specbench else None))
     except DataError as error:
@@ -133,7 +148,7 @@ def latency_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
             break
     try:
         result = latency.breakdown(
-            model, stream, args.w_max, args.steps, args.context, args.static_k
+            model, stream, args.w_max, args.steps, args.context, args.static_k, fc
         )
     except ValueError as error:
         parser.error(f"--w-max/--steps: {error}")

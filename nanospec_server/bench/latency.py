@@ -1,7 +1,8 @@
 """Table 4: one draft step's latency, broken down: `nanospec bench latency`.
 
 Times, on this machine and outside the server, the parts of one draft step of a real
-draft model at batch 1: the backbone (one decode token over a KV cache), the LM head over
+draft at batch 1: the backbone (one decode token over a KV cache; for an EAGLE head, its
+fc over [token embedding, target hidden state] and its decoder layer), the LM head over
 the full vocabulary, over an FR-Spec static 32k list and over NanoSpec's packed rows, the
 gather that refreshes the packed rows (``DynamicVocab.refresh``) and the state update
 (``DynamicVocab.append``). The stream is real text (Spec-Bench turns), tokenised by the
@@ -14,8 +15,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from torch import nn
 
 from nanospec_server.vocab import DynamicVocab
 
@@ -34,9 +37,43 @@ def _head_topk(hidden: torch.Tensor, rows: torch.Tensor, k: int = 8) -> torch.Te
     return torch.softmax(hidden @ rows.T, dim=-1).topk(k, dim=-1).indices
 
 
+def eagle_draft(
+    head_dir: Path, target: nn.Module, dtype: torch.dtype
+) -> tuple[nn.Module, nn.Linear]:
+    """An EAGLE head as a decoder model and its fc: the head's decoder layer(s), the
+    target's token embedding and LM head (SGLang's EAGLE worker shares both with the
+    target). The norms are transformers' own where the head has none (elementwise: nothing
+    a step's time notices)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(head_dir))
+    embedding = target.get_input_embeddings().weight
+    if config.hidden_size != embedding.shape[1]:
+        raise ValueError(
+            f"{head_dir} has hidden size {config.hidden_size}, the target {embedding.shape[1]}"
+        )
+    config.tie_word_embeddings = False
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    state = {k: v.to(dtype) for k, v in load_file(str(head_dir / "model.safetensors")).items()}
+    layers = {f"model.{k}": v for k, v in state.items() if k.startswith("layers.")}
+    unexpected = model.load_state_dict(layers, strict=False).unexpected_keys
+    if unexpected or not layers:
+        raise ValueError(
+            f"{head_dir} is not an EAGLE head of this shape: {unexpected or 'no layers'}"
+        )
+    model.model.embed_tokens.weight = embedding
+    model.lm_head.weight = target.get_output_embeddings().weight
+    weight = state["fc.weight"]
+    fc = nn.Linear(weight.shape[1], weight.shape[0], bias="fc.bias" in state, dtype=dtype)
+    fc.load_state_dict({k.removeprefix("fc."): v for k, v in state.items() if k.startswith("fc.")})
+    return model, fc.eval()
+
+
 def breakdown(model, stream: list[int], w_max: int = 3072, steps: int = 30,
-              context: int = 512, static_k: int = 32768) -> dict:  # fmt: skip
-    """Median milliseconds per part of a draft step (batch 1)."""
+              context: int = 512, static_k: int = 32768, fc: nn.Linear | None = None) -> dict:  # fmt: skip
+    """Median milliseconds per part of a draft step (batch 1); with ``fc``, ``model`` is an
+    EAGLE head (``eagle_draft``) whose backbone step also mixes in a hidden state."""
     from transformers import DynamicCache
 
     weight = model.lm_head.weight.detach()
@@ -53,6 +90,13 @@ def breakdown(model, stream: list[int], w_max: int = 3072, steps: int = 30,
     with torch.no_grad():
         out = model.model(torch.tensor([stream[:context]]), past_key_values=cache, use_cache=True)
     hidden = out.last_hidden_state[:, -1]
+
+    def backbone(token: torch.Tensor) -> object:
+        if fc is None:
+            return model.model(token, past_key_values=cache, use_cache=True)
+        mixed = fc(torch.cat([model.model.embed_tokens(token), hidden[:, None]], dim=-1))
+        return model.model(inputs_embeds=mixed, past_key_values=cache, use_cache=True)
+
     times: dict[str, list[float]] = {k: [] for k in
                                      ("backbone", "head_full", "head_static", "head_packed", "gather", "state_update")}  # fmt: skip
     static_rows = weight[: min(static_k, vocab_size)].contiguous()
@@ -61,8 +105,7 @@ def breakdown(model, stream: list[int], w_max: int = 3072, steps: int = 30,
         chunk = torch.tensor([rest[i * 20 : (i + 1) * 20]])
         with torch.no_grad():
             token = torch.tensor([[stream[context + i]]])
-            times["backbone"].append(_median_ms(
-                lambda t=token: model.model(t, past_key_values=cache, use_cache=True), 1))  # fmt: skip
+            times["backbone"].append(_median_ms(lambda t=token: backbone(t), 1))
             cache.crop(-1)  # back to `context` tokens: every step alike
             times["head_full"].append(_median_ms(lambda: _head_topk(hidden, weight), 3))
             times["head_static"].append(_median_ms(lambda: _head_topk(hidden, static_rows), 3))
@@ -72,7 +115,8 @@ def breakdown(model, stream: list[int], w_max: int = 3072, steps: int = 30,
             rows.append(vocab.rows_computed)
     result = {k: statistics.median(v) for k, v in times.items()}
     result |= {"packed_rows_mean": statistics.fmean(rows), "vocab_size": vocab_size,
-               "static_k": static_rows.shape[0], "w_max": w_max, "context": context}  # fmt: skip
+               "static_k": static_rows.shape[0], "w_max": w_max, "context": context,
+               "dtype": str(weight.dtype).removeprefix("torch."), "eagle": fc is not None}  # fmt: skip
     return result
 
 
@@ -96,7 +140,8 @@ def step_totals(b: dict) -> dict[str, dict[str, float]]:
 def markdown(b: dict, command: str, model: str) -> str:
     totals = step_totals(b)
     lines = [f"# Draft step latency breakdown (Table 4): {model}", "", f"- command: `{command}`",
-             f"- batch 1, KV context {b['context']}, W_max {b['w_max']}, packed rows "
+             f"- {'EAGLE head (fc + its decoder layer)' if b['eagle'] else 'the whole model'} as the backbone, "
+             f"{b['dtype']}, batch 1, KV context {b['context']}, W_max {b['w_max']}, packed rows "
              f"{b['packed_rows_mean']:.0f} of {b['vocab_size']}, medians in ms", "",
              "| part | ms |", "|---|---|"]  # fmt: skip
     for key in ("backbone", "head_full", "head_static", "head_packed", "gather", "state_update"):
