@@ -37,6 +37,12 @@ class RequestEntry(BaseModel):
     accepted_draft_tokens: int
     lm_head_calls: int
     lm_head_rows_mean: float | None
+    draft_ms_per_step: float | None = Field(
+        None, description="the draft's wall time per speculative step (CPU servers only)"
+    )
+    lm_head_share: float | None = Field(
+        None, description="the draft LM head's share of that time (CPU servers only)"
+    )
     started_at: float = Field(description="Unix time the request reached a batch")
     finished_at: float | None = None
 

@@ -13,6 +13,10 @@ def _f(value, digits: int = 2, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def _ratio(r: dict | None) -> str:
     if not r or r["median"] is None:
         return "-"
@@ -58,14 +62,15 @@ def write_report(run_dir: Path) -> Path:
 
 def _main_table(c: int, table: dict) -> list[str]:
     lines = [f"## Overall, concurrency {c}", "",
-             "| config | tokens/s | vs ar [IQR] | vs full vocab [IQR] | accept | ms/step | coverage | mean active vocab | LM-head rows (of V) |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| config | tokens/s | vs ar [IQR] | vs full vocab [IQR] | accept | ms/step | draft ms/step | LM-head share | coverage | mean active vocab | LM-head rows (of V) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for config, cells in table.items():
         x = cells[OVERALL]
         rows = f"{_f(x['lm_head_rows'], 0)} ({x['vocab_size']})" if x["lm_head_rows"] else "-"
         lines.append(
             f"| {config} | {_f(x['tokens_per_s'])} | {_ratio(x['vs_ar'])} | {_ratio(x['vs_full'])} "
-            f"| {_f(x['accept_length'])} | {_f(x['ms_per_step'], 0)} | {_f(x['coverage'], 3)} "
+            f"| {_f(x['accept_length'])} | {_f(x['ms_per_step'], 0)} | {_f(x['draft_ms_per_step'], 0)} "
+            f"| {_share(x['lm_head_share'])} | {_f(x['coverage'], 3)} "
             f"| {_f(x['active_vocab'], 0)} | {rows} |"
         )
     return lines + [""]

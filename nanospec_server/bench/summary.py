@@ -64,12 +64,18 @@ def _cell(units_: list[dict]) -> dict:
         by_repeat[u["repeat"]][1] += u["seconds"]
     stats = [i["nanospec"] for i in items if i.get("nanospec")]
     steps = sum(i["verify_steps"] for i in items)
+    # The draft's time is timed on CPU servers only (nanospec_server/sglang_plugin/step_timer.py).
+    timed = [s for s in stats if s.get("draft_seconds") is not None and s["draft_steps"]]
+    draft_s = sum(s["draft_seconds"] for s in timed)
+    draft_steps = sum(s["draft_steps"] for s in timed)
     return {
         "requests": len(items),
         "tokens": sum(i["completion_tokens"] for i in items),
         "tokens_per_s": _median([t / s for t, s in by_repeat.values() if s > 0]),
         "accept_length": _weighted([(i["accept_length"], i["verify_steps"]) for i in items]),
         "ms_per_step": 1000 * sum(i["latency_s"] for i in items) / steps if steps else None,
+        "draft_ms_per_step": 1000 * draft_s / draft_steps if draft_steps else None,
+        "lm_head_share": sum(s["lm_head_seconds"] for s in timed) / draft_s if draft_s else None,
         "coverage": _weighted([(s["coverage"], s["draft_steps"]) for s in stats]),
         "active_vocab": _weighted([(s["active_vocab_mean"], s["draft_steps"]) for s in stats]),
         "lm_head_rows": _weighted([(s["lm_head_rows_mean"], s["lm_head_calls"]) for s in stats]),

@@ -1,8 +1,9 @@
 """Our draft workers: SGLang's EAGLE and STANDALONE draft workers with NanoSpec's LM head.
 
 `EAGLEWorkerV2` (EAGLE, EAGLE3, NEXTN) and `StandaloneWorkerV2` look their draft-worker
-class up as a module global, so `scheduler_hooks.py` swaps these subclasses in. Only three
-methods change; everything else is SGLang's own code path.
+class up as a module global, so `scheduler_hooks.py` swaps these subclasses in. Four methods
+change (the LM head, the two draft extends, and `draft`, timed); everything else is
+SGLang's own code path.
 """
 
 from __future__ import annotations
@@ -52,9 +53,14 @@ class NanoSpecDraftMixin:
             target_hidden_states = None  # captured for top-K_pre only; the draft never used it
         return super()._draft_extend_for_prefill(batch, target_hidden_states, *args, **kwargs)
 
+    def draft(self, batch, *args, **kwargs):
+        with self.nanospec.stats.timer.draft_phase(batch.req_pool_indices):
+            return super().draft(batch, *args, **kwargs)
+
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
         self.nanospec.on_verify(batch, batch_result)
-        return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
+        with self.nanospec.stats.timer.draft_phase(batch.req_pool_indices):
+            return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
 
 
 class NanoSpecEagleDraftWorker(NanoSpecDraftMixin, EagleDraftWorker):

@@ -77,7 +77,11 @@ class PackedHeadLogitsProcessor(nn.Module):
         self.topk = topk  # SGLang takes this many columns of our logits
         self.announced = False  # logged the first fused draft step
 
-    def forward(self, input_ids, hidden_states, lm_head, forward_batch, *args, **kwargs):
+    def forward(self, *args, **kwargs):
+        with self.runtime.stats.timer.lm_head():  # the masking is NanoSpec's head cost too
+            return self._forward(*args, **kwargs)
+
+    def _forward(self, input_ids, hidden_states, lm_head, forward_batch, *args, **kwargs):
         vocab = self.runtime.vocab
         slots = getattr(forward_batch, "req_pool_indices", None)
         fused = self._fuses_topk(forward_batch)

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from nanospec_server.admin import metrics
 from nanospec_server.config import DEFAULT_HISTORY, HISTORY_ENV
+from nanospec_server.sglang_plugin.step_timer import StepTimer
 
 # Counter columns, one row per slot.
 STEPS, ACCEPTED, EMITTED, COVERED, ACTIVE_SUM, ACTIVE_MAX, ROWS_SUM, HEAD_CALLS = range(8)
@@ -84,6 +85,7 @@ class RequestStats:
     def __init__(self, num_slots: int, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.counters = torch.zeros(num_slots, NUM_COUNTERS, dtype=torch.int64, device=device)
+        self.timer = StepTimer(num_slots, enabled=device.type == "cpu")
         self.running: dict[str, RunningRequest] = {}
         self.finished: OrderedDict[str, dict] = OrderedDict()
         self.history = history_size()
@@ -93,6 +95,7 @@ class RequestStats:
 
     def reset(self, slots: Tensor) -> None:
         self.counters[slots] = 0
+        self.timer.reset(slots)
 
     def record_verify(
         self, slots: Tensor, accept_lens: Tensor, covered: Tensor, active_size: Tensor
@@ -119,8 +122,10 @@ class RequestStats:
         """Host dicts for these slots: the one device-to-host copy per output chunk."""
         rows = self.counters[slots].tolist()
         return [
-            _to_dict(row, active, length, self.vocab_size)
-            for row, active, length in zip(rows, active_now, stream_len, strict=True)
+            _to_dict(row, active, length, self.vocab_size) | _timing(row[STEPS], timed)
+            for row, active, length, timed in zip(
+                rows, active_now, stream_len, self.timer.read(slots), strict=True
+            )
         ]
 
     # -- host bookkeeping for the admin layer ---------------------------------------------
@@ -192,4 +197,16 @@ def _to_dict(row: list[int], active_now: int, stream_len: int, vocab_size: int) 
         "covered_tokens": row[COVERED],
         "active_vocab_sum": row[ACTIVE_SUM],
         "lm_head_rows": row[ROWS_SUM],
+    }
+
+
+def _timing(steps: int, timed: tuple[float, float] | None) -> dict:
+    """The draft's time per speculative step and its LM head's share (None on a GPU)."""
+    draft, head = timed or (None, None)
+    return {
+        "draft_ms_per_step": 1000 * draft / steps if timed and steps else None,
+        "lm_head_share": head / draft if timed and draft else None,
+        # raw sums, as above
+        "draft_seconds": draft,
+        "lm_head_seconds": head,
     }

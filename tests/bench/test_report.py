@@ -128,3 +128,19 @@ def test_report_writes_tables_and_figures(tmp_path: Path) -> None:
     assert summary["results"]["1"]["eagle-nanospec"][OVERALL]["vs_ar"]["median"] == pytest.approx(
         3.0
     )
+
+
+def test_draft_time_per_step_and_head_share_pool_the_requests() -> None:
+    # Two requests: 1 s of draft over 10 steps (0.5 s in the head), 3 s over 30 (0.5 s).
+    timed = [stats(0.9, 500, 600) | {"draft_seconds": d, "lm_head_seconds": h, "draft_steps": n}
+             for d, h, n in ((1.0, 0.5, 10), (3.0, 0.5, 30))]  # fmt: skip
+    runs = [{"key": f"{config}|{i}", "group": 0, "config": config, "turn": 0, "repeat": 0,
+             "concurrency": 1, "wall_s": 1.0,
+             "items": [item(f"qa/{i}", "qa", [1, 2], 1.0, 2.0 if st else None, st)]}
+            for config, sts in (("ar", [None, None]), ("eagle-nanospec", timed))
+            for i, st in enumerate(sts)]  # fmt: skip
+    table = summarize(runs, {"ar": None, "eagle-nanospec": None})[1]
+    nano = table["eagle-nanospec"][OVERALL]
+    assert nano["draft_ms_per_step"] == pytest.approx(1000 * 4.0 / 40)
+    assert nano["lm_head_share"] == pytest.approx(1.0 / 4.0)
+    assert table["ar"][OVERALL]["draft_ms_per_step"] is None
