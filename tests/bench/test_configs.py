@@ -87,3 +87,18 @@ def test_quick_runs_one_server_at_a_time_on_a_cpu(monkeypatch, on_gpu: bool) -> 
     else:
         assert (quick.max_servers, quick.max_total_tokens) == (1, 4096)
     assert parse("--quick", "--tiny").max_servers is None  # tiny servers fit side by side
+
+
+def test_cpu_report_is_the_documented_run_and_flags_still_win(capsys) -> None:
+    report = parse("--cpu-report")
+    assert report.target == "qwen2.5-coder-0.5b-instruct" and report.standalone == []
+    (head,) = report.eagle
+    assert (Path(head) / "config.json").is_file()  # the committed head, found from anywhere
+    assert report.modes == ["full", "static", "nanospec", "ctx-only", "ext-only", "sync"]
+    assert report.static_ks == [32768, 8192, 2048, 512] and report.prior_ks == [0, 2048]
+    assert report.concurrency == [1, 8] and report.max_servers == 1 and report.seed == 1
+    assert parse("--cpu-report", "--max-new-tokens", "16").max_new_tokens == 16
+    for conflicting in (["--quick"], ["--tiny"], ["--analysis", "wmax"]):
+        with pytest.raises(SystemExit):
+            parse("--cpu-report", *conflicting)
+        assert "--cpu-report" in capsys.readouterr().err
