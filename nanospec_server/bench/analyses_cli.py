@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nanospec_server.bench.cli import _positive, _size
+from nanospec_server.bench.cli import _positive, _size, default_dtype
 from nanospec_server.bench.provenance import bench_root
 
 W_SWEEP = [256, 512, 1024, 2048, 3072, 4096, 8192]
@@ -56,12 +56,10 @@ def _load(name: str, tiny: bool):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nanospec_server import host
     from nanospec_server.bench.api import _model_dir
 
     path = _model_dir(name, tiny)
-    fp32 = tiny or (not host.has_cuda() and host.cpu_default_dtype() == "float32")
-    dtype = torch.float32 if fp32 else torch.bfloat16
+    dtype = torch.float32 if tiny else getattr(torch, default_dtype())
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
     return path, model, AutoTokenizer.from_pretrained(str(path))
 

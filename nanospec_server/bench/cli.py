@@ -140,6 +140,14 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     add_analysis_commands(sub)
 
 
+def default_dtype() -> str:
+    """What `nanospec serve` runs real models in here: float32 on a CPU without native bf16
+    (``host.cpu_default_dtype``), else the checkpoints' bfloat16."""
+    from nanospec_server import host
+
+    return "bfloat16" if host.has_cuda() else host.cpu_default_dtype() or "bfloat16"
+
+
 def shipped_eagle_head() -> Path:
     from nanospec_server.models.eagle_heads import get_head_spec, head_dir
 
@@ -151,8 +159,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
     from nanospec_server.bench.api import ANALYSES, BenchSettings
 
     on_gpu = host.has_cuda()
-    values: dict = {"max_new_tokens": 1024 if on_gpu else 64,
-                    "dtype": "bfloat16" if on_gpu else host.cpu_default_dtype() or "bfloat16"}  # fmt: skip
+    values: dict = {"max_new_tokens": 1024 if on_gpu else 64, "dtype": default_dtype()}
     values |= ANALYSES[args.analysis]
     if args.cpu_report:
         if args.analysis != "main" or args.tiny:
