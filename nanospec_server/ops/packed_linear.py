@@ -4,19 +4,32 @@
 a weight packed once as it is. Measured on this 2-core AVX2 host: a 5-token verify of the
 0.5B target costs ~1.5x a one-token decode packed against ~2.9x with ``F.linear``
 (``benchmarks/cpu_linear.py``), and an 896 x 4864 linear at 128 rows takes ~17 ms packed
-against ~25 ms (one thread). A row's result does not depend on how many rows share the
-call (``F.linear``'s GEMV and GEMM round differently), which token-identical speculative
-decoding needs. Used by SGLang's linear layers (``sglang_plugin/cpu_linear.py``) and by
-the trainer's answering target (``train/run.py``). Inference only: no autograd.
+against ~25 ms (one thread). Used by SGLang's linear layers (``sglang_plugin/cpu_linear.py``)
+and by the trainer's answering target (``train/run.py``). Inference only: no autograd.
+
+Row invariance: a row's result must not depend on how many rows share the call, or a
+verify pass would not compute the logits a one-token decode computes for the same position
+(``F.linear``'s GEMV and GEMM round differently). oneDNN keeps that for any row count up to
+an input width of 1024 on this host, but above it a one-row call reduces the input features
+in another order than a many-row call (measured: 1536 wide, every row count from 2 up agrees
+and one row differs). So the weight is packed in column blocks of at most ``k_block()``
+input features, each row-invariant, and their partial products are summed in a fixed
+order: a row's arithmetic is then the same at any row count. The block is the widest that
+passes a probe on this host (1024 here), found once per process.
 """
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 # oneDNN's blocking for up to this many rows; results stay identical for any row count.
 PACK_BATCH_HINT = 8
+# Input-feature blocks tried, widest first, by the row-invariance probe.
+K_BLOCK_CANDIDATES = (1024, 512, 256, 128, 64)
 
 
 def available() -> bool:
@@ -27,16 +40,61 @@ def packable(weight: Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
 
 
-def pack(weight: Tensor) -> Tensor:
-    """The weight [N, K] in oneDNN's blocked layout (an opaque mkldnn tensor)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_BATCH_HINT)
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight [N, K] as oneDNN-packed column blocks [N, <= k_block()] (opaque tensors)."""
+
+    blocks: tuple[Tensor, ...]
+    block_width: int
+    out_features: int
+    in_features: int
 
 
-def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+def _pack_block(weight: Tensor) -> Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
+
+
+def _one_row_matches_many(width: int) -> bool:
+    """Does a one-row call compute what a three-row call computes for the same row?"""
+    gen = torch.Generator().manual_seed(0)
+    weight = _pack_block(torch.randn(256, width, generator=gen))
+    x = torch.randn(3, width, generator=gen)
+    together = torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+    alone = torch.ops.mkldnn._linear_pointwise(x[1:2], weight, None, "none", [], "")
+    return torch.equal(together[1:2], alone)
+
+
+@functools.cache
+def k_block() -> int:
+    """The widest input-feature block whose packed linear is row-invariant on this host."""
+    for width in K_BLOCK_CANDIDATES:
+        if _one_row_matches_many(width):
+            return width
+    return K_BLOCK_CANDIDATES[-1]  # no width passes: still correct, only not row-invariant
+
+
+def pack(weight: Tensor) -> PackedWeight:
+    """The weight [N, K] in oneDNN's blocked layout, in row-invariant column blocks."""
+    weight = weight.detach()
+    width = k_block()
+    blocks = tuple(
+        _pack_block(weight[:, start : start + width]) for start in range(0, weight.shape[1], width)
+    )
+    return PackedWeight(blocks, width, weight.shape[0], weight.shape[1])
+
+
+def packed_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None) -> Tensor:
     """``F.linear(x, W, bias)`` for W packed by ``pack``; any leading shape."""
-    flat = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
-    return out.view(*x.shape[:-1], out.shape[-1])
+    flat = x.reshape(-1, x.shape[-1])
+    width = packed.block_width
+    out = None
+    for index, block in enumerate(packed.blocks):
+        part_x = flat[:, index * width : (index + 1) * width].contiguous()
+        # The bias joins the first block only, so it is added once, in a fixed place.
+        part_bias = bias if index == 0 else None
+        part = torch.ops.mkldnn._linear_pointwise(part_x, block, part_bias, "none", [], "")
+        out = part if out is None else out.add_(part)
+    return out.view(*x.shape[:-1], packed.out_features)
 
 
 class PackedLinear(nn.Module):

@@ -27,7 +27,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from nanospec_server.ops.packed_linear import available, pack, packable, packed_linear
+from nanospec_server.ops.packed_linear import (
+    PackedWeight,
+    available,
+    pack,
+    packable,
+    packed_linear,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +51,18 @@ def after_loading_hook(original: Callable, method, layer: torch.nn.Module) -> No
     original(method, layer)
     weight = getattr(layer, "weight", None)
     if weight is not None and packable(weight):
-        layer.weight = torch.nn.Parameter(pack(weight), requires_grad=False)
-        layer.nanospec_packed = True
+        layer.nanospec_packed = pack(weight)
+        # The plain rows are freed; what stays under `weight` keeps its shape, dtype and
+        # device for code that reads them, and holds no memory.
+        placeholder = torch.empty((), dtype=weight.dtype).expand(weight.shape)
+        layer.weight = torch.nn.Parameter(placeholder, requires_grad=False)
 
 
 def apply_hook(original: Callable, method, layer, x: Tensor, bias: Tensor | None = None):
     """AROUND ``UnquantizedLinearMethod.apply``: the packed kernel for packed layers."""
-    if getattr(layer, "nanospec_packed", False) and x.dtype == torch.float32:
-        return packed_linear(x, layer.weight, bias)
+    packed = getattr(layer, "nanospec_packed", None)
+    if packed is not None and x.dtype == torch.float32:
+        return packed_linear(x, packed, bias)
     return original(method, layer, x, bias)
 
 
@@ -60,9 +70,9 @@ class PackedHeads:
     """One packed copy per distinct LM-head weight, made on first use."""
 
     def __init__(self) -> None:
-        self.by_weight: dict[tuple[int, tuple[int, ...]], Tensor] = {}
+        self.by_weight: dict[tuple[int, tuple[int, ...]], PackedWeight] = {}
 
-    def get(self, weight: Tensor) -> Tensor:
+    def get(self, weight: Tensor) -> PackedWeight:
         key = (weight.data_ptr(), tuple(weight.shape))
         if key not in self.by_weight:
             self.by_weight[key] = pack(weight)

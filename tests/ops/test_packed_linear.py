@@ -29,16 +29,31 @@ def test_packed_linear_equals_f_linear(shape):
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.integers(2, 64), st.integers(0, 2**31 - 1))
-def test_a_row_does_not_depend_on_the_rows_beside_it(rows, seed):
-    # What makes a verify pass compute the logits a one-token decode computes.
+@given(st.integers(2, 40), st.sampled_from([256, 1024, 1536, 3000]), st.integers(0, 2**31 - 1))
+def test_a_row_does_not_depend_on_the_rows_beside_it(rows, width, seed):
+    # What makes a verify pass compute the logits a one-token decode computes: a row alone
+    # (a decode) equals the same row among others (a verify), widths above 1024 included,
+    # where oneDNN's one-row path reduces in another order.
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, 256, generator=gen)
-    packed = packed_linear.pack(torch.randn(384, 256, generator=gen))
-    together = packed_linear.packed_linear(x, packed, None)
+    x = torch.randn(rows, width, generator=gen)
+    bias = torch.randn(96, generator=gen)
+    packed = packed_linear.pack(torch.randn(96, width, generator=gen))
+    together = packed_linear.packed_linear(x, packed, bias)
     for i in (0, rows // 2, rows - 1):
-        alone = packed_linear.packed_linear(x[i : i + 1], packed, None)
+        alone = packed_linear.packed_linear(x[i : i + 1], packed, bias)
         assert torch.equal(alone[0], together[i])
+
+
+def test_wide_weights_are_packed_in_row_invariant_blocks():
+    width = packed_linear.k_block()
+    assert width in packed_linear.K_BLOCK_CANDIDATES
+    assert packed_linear._one_row_matches_many(width)
+    packed = packed_linear.pack(torch.randn(8, 2 * width + 3))
+    assert len(packed.blocks) == 3 and packed.in_features == 2 * width + 3
+    x = torch.randn(4, 2 * width + 3)
+    w = torch.randn(8, 2 * width + 3)
+    out = packed_linear.packed_linear(x, packed_linear.pack(w), None)
+    torch.testing.assert_close(out, F.linear(x, w), rtol=1e-4, atol=1e-3)
 
 
 def test_leading_dimensions_are_kept():

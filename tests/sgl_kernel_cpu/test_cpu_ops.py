@@ -228,6 +228,50 @@ def test_extend_attention_tree_mask_and_cached_kv(seed: int) -> None:
         torch.testing.assert_close(out[starts[i] : starts[i] + 4], ref, atol=1e-5, rtol=1e-5)
 
 
+def _decode_row(q_row, k_cache, v_cache, slots: torch.Tensor, window: int) -> torch.Tensor:
+    """A one-token decode of ``q_row`` [1, H, D] over the cache ``slots``, keys in order."""
+    table = slots.to(torch.int32).view(1, -1)
+    out = torch.empty_like(q_row)
+    cpu_ops.decode_attention(
+        q_row, k_cache, v_cache, 1.0, 1.0, out, None, None, None, torch.empty(0), table,
+        torch.zeros(1, dtype=torch.int64), torch.tensor([slots.numel()]), 0.3, 0.0, False,
+        window, None, None,
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("with_tree", [False, True])
+def test_every_extend_row_is_bitwise_a_decode(seed: int, with_tree: bool) -> None:
+    """What makes speculative greedy output bit-identical to plain decoding: a verify row
+    (tree mask) or a prefill row computes exactly what decoding that position computes."""
+    h, d, ext, prefix, seq_lens, k_cache, v_cache, table, reqs, q, k_ext, v_ext, starts = (
+        _extend_case(seed, with_tree)
+    )
+    window = 0 if with_tree else random.Random(seed).choice([0, 3])
+    # SGLang stores the new K/V into the cache before it calls extend attention.
+    for i, req in enumerate(reqs.tolist()):
+        new_slots = table[req, prefix[i] : seq_lens[i]].long()
+        k_cache[new_slots] = k_ext[starts[i] : starts[i] + ext[i]]
+        v_cache[new_slots] = v_ext[starts[i] : starts[i] + ext[i]]
+    block = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    tree_mask = torch.cat([block.flatten()] * len(ext)) if with_tree else None
+    out = torch.empty_like(q)
+    cpu_ops.extend_attention(
+        q, k_ext, v_ext, out, k_cache, v_cache, 1.0, 1.0, table, reqs, torch.tensor(seq_lens),
+        torch.tensor(ext), torch.tensor(starts), max(ext), 0.3, 0.0, False, window, None,
+        None, tree_mask, True,
+    )  # fmt: skip
+    for i, req in enumerate(reqs.tolist()):
+        row = table[req].long()
+        for j in range(ext[i]):
+            seen = block[j].nonzero().squeeze(1) if with_tree else torch.arange(j + 1)
+            slots = torch.cat([row[: prefix[i]], row[prefix[i] + seen]])
+            q_row = q[starts[i] + j : starts[i] + j + 1]
+            decoded = _decode_row(q_row, k_cache, v_cache, slots, window)
+            assert torch.equal(out[starts[i] + j], decoded[0])
+
+
 # ----------------------------------------------------------------------------- cache locations
 
 

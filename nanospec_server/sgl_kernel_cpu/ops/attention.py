@@ -11,7 +11,9 @@ as SGLang's ``IntelAMXAttnBackend`` calls them. Layout conventions:
 * ``logit_cap > 0`` applies ``cap * tanh(score / cap)`` before the softmax.
 * ``sinks`` (per query head) is an extra logit that only joins the softmax denominator.
 
-Math runs in float32 one request at a time; outputs are written in place.
+Math runs in float32, one query token at a time over exactly the keys it sees (see
+``_attend_row``: that is what makes speculative greedy output bit-identical to plain
+decoding); outputs are written in place.
 """
 
 from __future__ import annotations
@@ -29,46 +31,34 @@ def _dequant(buf: torch.Tensor, scale: float) -> torch.Tensor:
     return out
 
 
-def _attend(
+def _attend_row(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    visible: torch.Tensor | None,
     sm_scale: float,
     logit_cap: float,
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Softmax attention for one request.
+    """Softmax attention of one query token over exactly the keys it sees, in order.
 
-    q: [nq, H, D] float32; k: [nk, Hkv, D]; v: [nk, Hkv, Dv]; visible: [nq, nk] bool or None.
-    Returns [nq, H, Dv] float32.
+    q: [H, D] float32; k: [nk, Hkv, D] and v: [nk, Hkv, Dv], contiguous. Returns [H, Dv].
+    Decode and extend both call this with the same shapes for the same position, which is
+    what makes a verify (or prefill) row bit-identical to decoding that position: no
+    masked-out keys take part in the reductions, and no other row shares the matmuls.
     """
-    num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    group = num_heads // num_kv_heads
-    if group > 1:
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    # [H, nq, nk]
-    scores = torch.einsum("qhd,khd->hqk", q, k) * sm_scale
+    num_heads, num_kv_heads = q.shape[0], k.shape[1]
+    # Grouped-query heads as a batch of [group, D] queries per KV head: no K/V copies.
+    q = q.view(num_kv_heads, num_heads // num_kv_heads, -1)
+    scores = torch.matmul(q, k.permute(1, 2, 0)) * sm_scale  # [Hkv, group, nk]
     if logit_cap > 0:
         scores = logit_cap * torch.tanh(scores / logit_cap)
-    if visible is not None:
-        scores = scores.masked_fill(~visible.unsqueeze(0), float("-inf"))
     if sinks is not None:
         # The sink is one more "key" per head with no value: it takes softmax mass only.
-        sink_col = sinks.to(torch.float32).view(num_heads, 1, 1).expand(-1, scores.shape[1], 1)
+        sink_col = sinks.to(torch.float32).view(*scores.shape[:2], 1)
         probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)[..., :-1]
     else:
         probs = torch.softmax(scores, dim=-1)
-    # A row with no visible key (only possible through an odd mask) gives NaN; make it zero.
-    probs = torch.nan_to_num(probs, nan=0.0)
-    return torch.einsum("hqk,khd->qhd", probs, v)
-
-
-def _window_visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
-    """[nq, nk] bool: key within the last ``window`` positions up to and including the query."""
-    dist = q_pos.view(-1, 1) - k_pos.view(1, -1)
-    return dist < window
+    return torch.matmul(probs, v.permute(1, 0, 2)).reshape(num_heads, -1)
 
 
 def decode_attention(
@@ -120,10 +110,9 @@ def decode_attention(
         if sliding_window_size > 0:
             start = max(0, seq_len - sliding_window_size)
         slots = req_to_token[reqs[i], start:seq_len].to(torch.int64)
-        k = _dequant(k_cache[slots], key_scale)
-        v = _dequant(v_cache[slots], value_scale)
-        o = _attend(q_all[i : i + 1], k, v, None, sm_scale, logit_cap, sinks)
-        out[i].copy_(o[0].to(out.dtype))
+        k = _dequant(k_cache.index_select(0, slots), key_scale)
+        v = _dequant(v_cache.index_select(0, slots), value_scale)
+        out[i].copy_(_attend_row(q_all[i], k, v, sm_scale, logit_cap, sinks).to(out.dtype))
 
 
 def extend_attention(
@@ -178,35 +167,36 @@ def extend_attention(
         row = req_to_token[reqs[i]]
         q = q_extend[start : start + ext_len].to(torch.float32)
         prefix_slots = row[:prefix_len].to(torch.int64)
-        k_pre = _dequant(k_buffer[prefix_slots], key_scale)
-        v_pre = _dequant(v_buffer[prefix_slots], value_scale)
+        k_pre = _dequant(k_buffer.index_select(0, prefix_slots), key_scale)
+        v_pre = _dequant(v_buffer.index_select(0, prefix_slots), value_scale)
         if k_extend is not None and v_extend is not None:
             k_new = k_extend[start : start + ext_len].to(torch.float32)
             v_new = v_extend[start : start + ext_len].to(torch.float32)
         else:
             new_slots = row[prefix_len:seq_len].to(torch.int64)
-            k_new = _dequant(k_buffer[new_slots], key_scale)
-            v_new = _dequant(v_buffer[new_slots], value_scale)
+            k_new = _dequant(k_buffer.index_select(0, new_slots), key_scale)
+            v_new = _dequant(v_buffer.index_select(0, new_slots), value_scale)
         k = torch.cat([k_pre, k_new.reshape(ext_len, *k_pre.shape[1:])], dim=0)
         v = torch.cat([v_pre, v_new.reshape(ext_len, *v_pre.shape[1:])], dim=0)
-
-        device = q.device
-        prefix_vis = torch.ones(ext_len, prefix_len, dtype=torch.bool, device=device)
+        tree = None
         if tree_mask is not None:
             block = tree_mask[mask_offset : mask_offset + ext_len * ext_len]
             mask_offset += ext_len * ext_len
-            new_vis = block.view(ext_len, ext_len).to(torch.bool)
-            new_pos = prefix_len + new_vis.sum(dim=1) - 1
-        elif is_causal:
-            new_vis = torch.ones(ext_len, ext_len, dtype=torch.bool, device=device).tril()
-            new_pos = prefix_len + torch.arange(ext_len, device=device)
-        else:
-            new_vis = torch.ones(ext_len, ext_len, dtype=torch.bool, device=device)
-            new_pos = prefix_len + torch.arange(ext_len, device=device)
-        visible = torch.cat([prefix_vis, new_vis], dim=1)
-        if sliding_window_size > 0 and (is_causal or tree_mask is not None):
-            k_pos = torch.cat([torch.arange(prefix_len, device=device), new_pos])
-            visible &= _window_visible(new_pos, k_pos, sliding_window_size)
-
-        o = _attend(q, k, v, visible, sm_scale, logit_cap, sinks)
-        o_extend[start : start + ext_len].copy_(o.to(o_extend.dtype))
+            tree = block.view(ext_len, ext_len).to(torch.bool)
+        windowed = sliding_window_size > 0 and (is_causal or tree is not None)
+        out = o_extend[start : start + ext_len]
+        for j in range(ext_len):
+            # Each query row attends to exactly the keys a one-token decode of its position
+            # would see, in position order, through the same call decode makes.
+            if tree is not None:  # the prefix, then the row's ancestors and itself
+                seen = prefix_len + tree[j].nonzero().squeeze(1)
+                keys = torch.cat([torch.arange(prefix_len), seen])
+                if windowed:
+                    keys = keys[-sliding_window_size:]
+                k_row, v_row = k.index_select(0, keys), v.index_select(0, keys)
+            else:
+                end = prefix_len + j + 1 if is_causal else seq_len
+                begin = max(0, end - sliding_window_size) if windowed else 0
+                k_row, v_row = k[begin:end], v[begin:end]
+            o = _attend_row(q[j], k_row, v_row, sm_scale, logit_cap, sinks)
+            out[j].copy_(o.to(out.dtype))
