@@ -17,6 +17,8 @@ from nanospec_server.models.cli import add_models_commands
 from nanospec_server.models.errors import ModelPrepareError
 from nanospec_server.train.cli import add_train_command
 
+UVICORN_STARTUP_FAILURE = 3  # uvicorn's exit code when it cannot start, e.g. bind the port
+
 
 def _add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
@@ -215,21 +217,56 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
     load_plugins()
     server_args = prepare_server_args(sglang_argv)
     server_args.resolve_once()
+    if not _port_free(server_args.host, server_args.port):
+        parser.exit(
+            2, f"nanospec: error: --port: {server_args.host}:{server_args.port} is in use\n"
+        )
     host.redact_from_logs(server_args.admin_api_key, server_args.api_key)
     url = f"http://{server_args.host}:{server_args.port}"
     print(f"nanospec: starting {server_args.model_path} ({config.mode.value})", flush=True)
     try:
-        launch_server(
-            server_args, launch_callback=lambda: print(f"nanospec: ready at {url}", flush=True)
-        )
+        launch_server(server_args, launch_callback=lambda: _announce(url, server_args.port))
     except KeyboardInterrupt:
         pass  # Ctrl-C before uvicorn took over the signal; it stops the same way
+    except SystemExit as stop:
+        if stop.code == UVICORN_STARTUP_FAILURE:
+            print(
+                f"nanospec: error: could not listen on {server_args.host}:{server_args.port} "
+                "(is another process on that port? pick another --port)",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise
     finally:
         # After SIGINT uvicorn shuts down gracefully and launch_server simply returns, or
         # the interrupt lands here first: either way this is the one place that reports it.
         print("nanospec: stopped", flush=True)
         kill_process_tree(os.getpid(), include_parent=False)
     return 0
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Can a server bind ``host:port`` now? Checked before minutes of model loading; the
+    bind itself can still lose a race, which uvicorn reports (see ``serve``)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _announce(url: str, port: int) -> None:
+    """SGLang's launch callback: "ready" only once this process serves the port (a client
+    polling it could otherwise be answered by whoever else took the port)."""
+    from nanospec_server.sglang_plugin.entry import listening_here
+
+    if listening_here(port):
+        print(f"nanospec: ready at {url}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,9 @@ import requests
 
 START_TIMEOUT_S = 300
 READY_LINE = "nanospec: ready at"  # printed by `nanospec serve` once it serves
+# What `nanospec serve` prints when another process holds its port (before or at the bind).
+PORT_TAKEN_LINES = ("nanospec: error: --port:", "nanospec: error: could not listen on")
+PORT_ATTEMPTS = 3
 # A 1.5B model on a loaded 2-core host took over 300 s for one 32-token request.
 REQUEST_TIMEOUT_S = 1200
 
@@ -43,21 +46,19 @@ def running_servers(servers: dict[str, tuple[list[str], Path]]) -> Iterator[dict
     wait until all are healthy, yield their URLs; stop them all on exit or failure."""
     started: list[subprocess.Popen] = []
     try:
-        pending = []
-        for name, (args, log_path) in servers.items():
-            port = free_port()
-            command = [sys.executable, "-m", "nanospec_server.cli", "serve", "--port", str(port)]
-            command += ["--skip-server-warmup", *args]
-            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-            with open(log_path, "w") as log:
-                process = subprocess.Popen(
-                    command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-                )
-            started.append(process)
-            pending.append((name, f"http://127.0.0.1:{port}", process, log_path))
-        for _, url, process, log_path in pending:
-            _wait_until_healthy(url, process, log_path)
-        yield {name: url for name, url, _, _ in pending}
+        pending = [(name, *_start(*spec, started)) for name, spec in servers.items()]
+        urls = {}
+        for name, url, process in pending:
+            args, log_path = servers[name]
+            attempt = 1
+            while not _wait_until_healthy(url, process, log_path):
+                if attempt == PORT_ATTEMPTS:
+                    raise ServerFailed(f"no free port in {attempt} tries:\n{_tail(log_path)}")
+                # The port was free when picked, but another process bound it first.
+                url, process = _start(args, log_path, started)
+                attempt += 1
+            urls[name] = url
+        yield urls
     finally:
         for process in started:
             # SIGINT is what a user's Ctrl-C sends; the CLI must stop SGLang's children too.
@@ -70,6 +71,20 @@ def running_servers(servers: dict[str, tuple[list[str], Path]]) -> Iterator[dict
                 process.wait()
 
 
+def _start(args: list[str], log_path: Path, started: list[subprocess.Popen]):
+    """`nanospec serve` on a port free now, logging to ``log_path``: (url, process)."""
+    port = free_port()
+    command = [sys.executable, "-m", "nanospec_server.cli", "serve", "--port", str(port)]
+    command += ["--skip-server-warmup", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    started.append(process)
+    return f"http://127.0.0.1:{port}", process
+
+
 def _signal_group(process: subprocess.Popen, sig: signal.Signals) -> None:
     try:
         os.killpg(process.pid, sig)
@@ -77,18 +92,22 @@ def _signal_group(process: subprocess.Popen, sig: signal.Signals) -> None:
         pass
 
 
-def _wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:
+def _wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path) -> bool:
     """Healthy means: our process says it is ready, then `url` answers. The port was only
     free when picked; until our server binds it, another process may have taken it, and a
-    health check alone could be answered by someone else's server (a wrong-server test)."""
+    health check alone could be answered by someone else's server (a wrong-server test).
+    False: the server stopped because the port was taken (start it again elsewhere)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
+            log = log_path.read_text(errors="replace")
+            if any(line in log for line in PORT_TAKEN_LINES):
+                return False
             raise ServerFailed(f"server exited with {process.returncode}:\n{_tail(log_path)}")
         try:
             ready = READY_LINE in log_path.read_text(errors="replace")
             if ready and requests.get(f"{url}/health_generate", timeout=30).status_code == 200:
-                return
+                return True
         except requests.RequestException:
             pass
         time.sleep(1)

@@ -7,7 +7,6 @@ detokenizer and the DP controller. Each piece hooks in only where it belongs.
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 import time
 
@@ -60,21 +59,37 @@ def register() -> None:
         )
 
 
+def _listening(connections, port: int) -> bool:
+    import psutil
+
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections)
+
+
+def listening_here(port: int) -> bool:
+    """Does this process hold a listening TCP socket on ``port``?"""
+    import psutil
+
+    return _listening(psutil.Process().net_connections(kind="tcp"), port)
+
+
 def freeze_gc_once_listening(original, server_args) -> None:
-    """SGLang's post-warmup `/freeze_gc` call, once uvicorn accepts connections.
+    """SGLang's post-warmup `/freeze_gc` call, once our uvicorn listens.
 
     With `--skip-server-warmup` the warmup thread posts `/freeze_gc` as soon as it starts,
     racing uvicorn's bind: a connection-refused traceback in the log, and the GC freeze
-    lost. Waiting for the port makes it deterministic; a server stopped before it ever
-    listened skips the call instead of logging a traceback.
+    lost. Waiting for this process to listen makes it deterministic. A connection that
+    merely succeeds is not enough: where another process took the port first, it would
+    post our `/freeze_gc` to that server (10 s, then a timeout) while our bind fails, so
+    then the call is skipped at once and `nanospec serve` reports the port.
     """
-    host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::") else server_args.host
+    import psutil
+
+    port = server_args.port
     deadline = time.monotonic() + LISTEN_WAIT_S
     while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, server_args.port), timeout=1).close()
-        except OSError:
-            time.sleep(0.1)
-            continue
-        return original(server_args)
-    logger.info("nanospec: server not listening; post-warmup freeze_gc skipped")
+        if listening_here(port):
+            return original(server_args)
+        if _listening(psutil.net_connections(kind="tcp"), port):
+            break  # another process listens there: our bind fails
+        time.sleep(0.1)
+    logger.info("nanospec: server not listening on port %d; post-warmup freeze_gc skipped", port)
