@@ -97,6 +97,21 @@ def cpu_default_dtype() -> str | None:
     return None if cpu_has_fast_bf16() else "float32"
 
 
+def bitwise_lossless(dtype: str) -> bool:
+    """Is speculative greedy output bit-identical to plain decoding here? On a CPU in fp32
+    through our stand-in and packed linears, yes: every op on the target's path computes a
+    position the same way in a decode, a verify and any prefill chunk (README, "Exactly
+    lossless")."""
+    from nanospec_server.sgl_kernel_cpu.shim import needs_shim
+    from nanospec_server.sglang_plugin.cpu_linear import enabled as packed_linears
+
+    if has_cuda() or dtype != "float32" or not packed_linears():
+        return False
+    return (
+        needs_shim()
+    )  # our stand-in serves attention; SGLang's own CPU kernels make no such promise
+
+
 def cpu_flags_missing_from(argv: list[str]) -> list[str]:
     """The CPU flags the user has not set themselves, as an argv fragment."""
     given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}

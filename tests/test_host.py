@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from nanospec_server.host import CPU_THREADS_ENV, default_cpu_threads, scheduler_cpu_threads
 
 
@@ -49,3 +51,19 @@ def test_cpu_dtype_is_float32_without_native_bf16(monkeypatch) -> None:
     assert "--dtype" not in host.cpu_flags_missing_from(["--dtype", "bfloat16"])
     monkeypatch.setattr(host, "cpu_has_fast_bf16", lambda: True)
     assert "--dtype" not in host.cpu_flags_missing_from(["--model-path", "m"])
+
+
+def test_bitwise_lossless_needs_fp32_our_kernels_and_no_gpu(monkeypatch) -> None:
+    from nanospec_server import host
+
+    if host.has_cuda():
+        assert not host.bitwise_lossless("float32")
+        return
+    monkeypatch.setenv("NANOSPEC_CPU_SHIM", "1")
+    assert host.bitwise_lossless("float32") == torch.backends.mkldnn.is_available()
+    assert not host.bitwise_lossless("bfloat16")
+    monkeypatch.setenv("NANOSPEC_CPU_LINEAR", "0")  # F.linear's GEMV and GEMM round apart
+    assert not host.bitwise_lossless("float32")
+    monkeypatch.setenv("NANOSPEC_CPU_LINEAR", "1")
+    monkeypatch.setenv("NANOSPEC_CPU_SHIM", "0")  # SGLang's own CPU kernels
+    assert not host.bitwise_lossless("float32")

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanospec_server import host
 from nanospec_server.bench.configs import (
     AR,
     DEFAULT_W_MAX,
@@ -116,7 +117,8 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
                    settings.repeats, settings.concurrency)  # fmt: skip
     info = provenance(json.loads(json.dumps(dataclasses.asdict(settings))))
     info |= {"configs": {c.name: list(c.flags) for c in configs}, "references": references,
-             "groups": config_groups, "prompts": [p.id for p in prompts]}  # fmt: skip
+             "groups": config_groups, "prompts": [p.id for p in prompts],
+             "bitwise_expected": host.bitwise_lossless(settings.dtype)}  # fmt: skip
     store.start(info)
     base = ["--model-path", str(target), "--dtype", settings.dtype,
             "--max-total-tokens", str(settings.max_total_tokens), "--mem-fraction-static", str(settings.mem_fraction_static)]  # fmt: skip

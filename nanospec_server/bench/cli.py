@@ -14,6 +14,8 @@ nanospec bench latency                           # Table 4: per-step draft break
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
 from nanospec_server.bench.configs import MODES, parse_size
@@ -208,6 +210,11 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         raise
     print((run_dir / "report.md").read_text())
     print(f"nanospec: results in {run_dir}")
+    bugs = json.loads((run_dir / "summary.json").read_text())["lossless"]["bugs"]
+    if bugs:
+        print(f"nanospec: error: {bugs} output(s) differ from plain decoding where speculation "
+              "is bit-identical: a bug (see the report's lossless check)", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

@@ -154,9 +154,10 @@ def summarize(
     return result
 
 
-def lossless(records: list[dict]) -> dict:
+def lossless(records: list[dict], bitwise_expected: bool = False) -> dict:
     """Per configuration: outputs compared with ``ar``'s (beside it, else in any group: a
-    run of one server at a time), how many differed, and the divergences the runner probed."""
+    run of one server at a time), how many differed, and the divergences the runner probed.
+    Where speculation is bit-identical (``host.bitwise_lossless``), each one is a bug."""
     plain, anywhere = {}, {}
     for r in records:
         if r.get("config") == AR:
@@ -174,5 +175,7 @@ def lossless(records: list[dict]) -> dict:
                 counts[r["config"]][0] += 1
                 counts[r["config"]][1] += ref != i["output_ids"]
     probed = [d for r in records for d in r.get("divergences", [])]
+    differing = sum(v[1] for v in counts.values())
     return {"compared": {k: {"outputs": v[0], "differing": v[1]} for k, v in counts.items()},
-            "divergences": probed}  # fmt: skip
+            "divergences": probed, "bitwise_expected": bitwise_expected,
+            "bugs": differing if bitwise_expected else 0}  # fmt: skip

