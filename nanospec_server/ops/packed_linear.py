@@ -41,7 +41,7 @@ def packable(weight: Tensor) -> bool:
 
 
 @dataclass(frozen=True)
-class PackedWeight:
+class OneDnnWeight:
     """A weight [N, K] as oneDNN-packed column blocks [N, <= k_block()] (opaque tensors)."""
 
     blocks: tuple[Tensor, ...]
@@ -73,17 +73,17 @@ def k_block() -> int:
     return K_BLOCK_CANDIDATES[-1]  # no width passes: still correct, only not row-invariant
 
 
-def pack(weight: Tensor) -> PackedWeight:
+def pack(weight: Tensor) -> OneDnnWeight:
     """The weight [N, K] in oneDNN's blocked layout, in row-invariant column blocks."""
     weight = weight.detach()
     width = k_block()
     blocks = tuple(
         _pack_block(weight[:, start : start + width]) for start in range(0, weight.shape[1], width)
     )
-    return PackedWeight(blocks, width, weight.shape[0], weight.shape[1])
+    return OneDnnWeight(blocks, width, weight.shape[0], weight.shape[1])
 
 
-def packed_linear(x: Tensor, packed: PackedWeight, bias: Tensor | None) -> Tensor:
+def packed_linear(x: Tensor, packed: OneDnnWeight, bias: Tensor | None) -> Tensor:
     """``F.linear(x, W, bias)`` for W packed by ``pack``; any leading shape."""
     flat = x.reshape(-1, x.shape[-1])
     width = packed.block_width

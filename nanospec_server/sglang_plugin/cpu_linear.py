@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from nanospec_server.ops.packed_linear import (
-    PackedWeight,
+    OneDnnWeight,
     available,
     pack,
     packable,
@@ -70,9 +70,9 @@ class PackedHeads:
     """One packed copy per distinct LM-head weight, made on first use."""
 
     def __init__(self) -> None:
-        self.by_weight: dict[tuple[int, tuple[int, ...]], PackedWeight] = {}
+        self.by_weight: dict[tuple[int, tuple[int, ...]], OneDnnWeight] = {}
 
-    def get(self, weight: Tensor) -> PackedWeight:
+    def get(self, weight: Tensor) -> OneDnnWeight:
         key = (weight.data_ptr(), tuple(weight.shape))
         if key not in self.by_weight:
             self.by_weight[key] = pack(weight)
