@@ -206,6 +206,12 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
                 "pass --model-path, or --tiny for the offline test models\n",
             )
         sglang_argv = embedded + sglang_argv
+    if _flag_value(sglang_argv, "--served-model-name") is None:
+        from nanospec_server.models.served_name import served_name
+
+        name = served_name(_flag_value(sglang_argv, "--model-path"))
+        if name is not None:
+            sglang_argv = sglang_argv + ["--served-model-name", name]
     os.environ[CONFIG_ENV] = config.to_env()
 
     # SGLang is imported only now, after the environment its platform detection reads.

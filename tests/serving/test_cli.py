@@ -59,6 +59,9 @@ def test_tiny_default_serves_text_and_chat(tmp_path) -> None:
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         reply = requests.post(f"{url}/v1/chat/completions", json=chat, timeout=120).json()
         assert reply["usage"]["completion_tokens"] >= 1
+        # served under its own name, not the cache folder it was built into
+        models = requests.get(f"{url}/v1/models", timeout=30).json()["data"]
+        assert [m["id"] for m in models] == ["tiny-target"]
         config = requests.get(f"{url}/nanospec/config", timeout=30).json()
         launched = {"mode": "nanospec", "w_max": 3072, "w_cap": 3072, "k_pre": 3, "k_ver": 3}
         assert {key: config[key] for key in launched} == launched
