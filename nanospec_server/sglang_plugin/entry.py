@@ -7,6 +7,7 @@ detokenizer and the DP controller. Each piece hooks in only where it belongs.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -59,17 +60,21 @@ def register() -> None:
         )
 
 
-def _listening(connections, port: int) -> bool:
+def port_listeners(port: int) -> set[int | None]:
+    """The pids listening on TCP ``port``, from one snapshot of the host's sockets (None
+    for a socket whose owner this user may not see)."""
     import psutil
 
-    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections)
+    return {
+        c.pid
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    }
 
 
 def listening_here(port: int) -> bool:
     """Does this process hold a listening TCP socket on ``port``?"""
-    import psutil
-
-    return _listening(psutil.Process().net_connections(kind="tcp"), port)
+    return os.getpid() in port_listeners(port)
 
 
 def freeze_gc_once_listening(original, server_args) -> None:
@@ -82,14 +87,13 @@ def freeze_gc_once_listening(original, server_args) -> None:
     post our `/freeze_gc` to that server (10 s, then a timeout) while our bind fails, so
     then the call is skipped at once and `nanospec serve` reports the port.
     """
-    import psutil
-
     port = server_args.port
     deadline = time.monotonic() + LISTEN_WAIT_S
     while time.monotonic() < deadline:
-        if listening_here(port):
+        listeners = port_listeners(port)
+        if os.getpid() in listeners:
             return original(server_args)
-        if _listening(psutil.net_connections(kind="tcp"), port):
+        if listeners:
             break  # another process listens there: our bind fails
         time.sleep(0.1)
     logger.info("nanospec: server not listening on port %d; post-warmup freeze_gc skipped", port)
