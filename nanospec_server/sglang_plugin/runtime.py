@@ -177,7 +177,8 @@ class NanoSpecRuntime:
         covered = (self._in_draft_vocab(slots, emitted) & emitted_valid).sum(1)
         in_head = emitted_valid
         if self.draft_head_vocab is not None:
-            in_head = in_head & self.draft_head_vocab[emitted]
+            vocab_size = len(self.draft_head_vocab)  # padding past accept_lens may be any id
+            in_head = in_head & self.draft_head_vocab[emitted.clamp(0, vocab_size - 1)]
         active = self._active_size(slots)
         self.stats.record_verify(pool_slots, accept_lens, covered, active, in_head.sum(1))
         if candidates is not None and self._appends_while_decoding():

@@ -53,8 +53,12 @@ class DraftIds:
         return DraftIds(self.token_of.to(device), self.draft_of.to(device))
 
     def draft_id(self, tokens: Tensor) -> Tensor:
-        """Draft id of each token id (-1 outside D), same shape."""
-        return self.draft_of[tokens.to(self.draft_of.device, torch.int64)]
+        """Draft id of each token id (-1 outside D, and for ids outside [0, V): padding in
+        SGLang's batches, which must not index out of bounds on a device), same shape."""
+        tokens = tokens.to(self.draft_of.device, torch.int64)
+        vocab_size = len(self.draft_of)
+        found = self.draft_of[tokens.clamp(0, vocab_size - 1)]
+        return torch.where((tokens >= 0) & (tokens < vocab_size), found, -1)
 
     def contains(self, tokens: Tensor) -> Tensor:
         return self.draft_id(tokens) >= 0

@@ -37,6 +37,8 @@ def test_inverse_of_d2t_matches_a_dict(case) -> None:
     tokens = torch.arange(vocab_size)
     assert draft.draft_id(tokens).tolist() == [inverse.get(t, -1) for t in range(vocab_size)]
     assert draft.contains(tokens).tolist() == [t in inverse for t in range(vocab_size)]
+    # ids outside the vocabulary (a batch's padding) are outside D, not an index error
+    assert draft.draft_id(torch.tensor([-1, vocab_size])).tolist() == [-1, -1]
 
 
 def test_a_d2t_that_maps_two_ids_to_one_token_is_refused() -> None:
