@@ -1,4 +1,5 @@
-"""EAGLE-3 inside a real server: top-K_pre from the target's prefill pass, rows only in D.
+"""EAGLE-3 inside a real server: top-K_pre from the target's prefill pass, rows only in D,
+and ctx-only mode lossless.
 
 Under EAGLE-3 the hidden states SGLang hands the draft are the target's auxiliary ones, so
 ``sglang_plugin/eagle3.py`` takes top-K_pre inside the target's logits processor. The
@@ -113,3 +114,14 @@ def test_active_rows_are_the_window_within_d(served) -> None:
         # Rows per head call: the window grows chunk by chunk, then stays (ctx-only). The
         # packed head also keeps earlier requests' rows until their slots are reused.
         assert stats["lm_head_rows_mean"] <= len(active if index == 0 else union)
+
+
+def test_ctx_only_output_is_the_targets_greedy_continuation(served) -> None:
+    """Lossless in ctx-only mode: each emitted token is the target's argmax given the prompt
+    and the tokens before it (up to a near-tie), by one plain forward pass per request."""
+    results, _ = served
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        output = result["output_ids"]
+        logits = reference_logits(prompt + output)[len(prompt) - 1 : -1]
+        chosen = logits.gather(1, torch.tensor(output)[:, None]).squeeze(1)
+        assert (chosen >= logits.max(dim=1).values - TIE).all()
