@@ -4,7 +4,7 @@ Two random EAGLE-3 heads for the context-dependent tiny target: ``tiny-eagle3`` 
 over a pruned d2t vocabulary D (512 of 997 tokens), ``tiny-eagle3-full`` over every token.
 Each case is one server; one plain server is the reference for all of them. The default
 run is a covering set of 6 cases (``DEFAULT_CASES``); ``NANOSPEC_SLOW=1`` runs every
-(head, mode, tree) case, 26 servers.
+(head, mode, tree) case, 26 of them.
 """
 
 from __future__ import annotations
