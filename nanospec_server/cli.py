@@ -139,8 +139,13 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
         # SGLang's extra tokenizer workers never load plugins, so our routes would vanish.
         parser.error("--tokenizer-worker-num: nanospec serve supports only 1 tokenizer worker")
     has_token_map = _flag_value(argv, "--speculative-token-map") is not None
-    if config.mode == Mode.STATIC and not has_token_map:
-        parser.error("--nanospec-mode static needs --speculative-token-map (see build-token-map)")
+    # An EAGLE-3 head brings its own list (d2t); the draft worker refuses one without it.
+    eagle3 = (_flag_value(argv, "--speculative-algorithm") or "").upper() == "EAGLE3"
+    if config.mode == Mode.STATIC and not has_token_map and not eagle3:
+        parser.error(
+            "--nanospec-mode static needs --speculative-token-map (see build-token-map), "
+            "or an EAGLE-3 head with a d2t list (--speculative-algorithm EAGLE3)"
+        )
     if config.mode.is_dynamic and has_token_map:
         parser.error(f"--speculative-token-map: not with --nanospec-mode {config.mode.value}")
     if config.mode.is_dynamic and "--speculative-use-rejection-sampling" in argv:

@@ -32,6 +32,11 @@ class RequestEntry(BaseModel):
     active_vocab_mean: float
     active_vocab_max: int
     coverage: float | None = Field(description="emitted tokens that were in the active set")
+    head_vocab_coverage: float | None = Field(
+        None,
+        description="emitted tokens in the draft head's own vocabulary (an EAGLE-3 head's "
+        "d2t list; 1 for a full-vocabulary head): the ceiling of coverage",
+    )
     accept_length_mean: float | None = Field(description="tokens emitted per draft step")
     draft_steps: int
     accepted_draft_tokens: int
@@ -57,6 +62,7 @@ class Aggregates(BaseModel):
     draft_steps: int
     active_vocab_mean: float | None = Field(description="per draft step, over all requests")
     coverage_mean: float | None
+    head_vocab_coverage_mean: float | None = None
     accept_length_mean: float | None
     lm_head_rows_computed: int
     lm_head_rows_full_vocab: int = Field(description="what the full vocabulary would cost")
@@ -79,6 +85,9 @@ class Aggregates(BaseModel):
             draft_steps=steps,
             active_vocab_mean=total("active_vocab_sum") / steps if steps else None,
             coverage_mean=total("covered_tokens") / emitted if emitted else None,
+            head_vocab_coverage_mean=(
+                total("covered_by_head_tokens") / emitted if emitted else None
+            ),
             accept_length_mean=emitted / steps if steps else None,
             lm_head_rows_computed=computed,
             lm_head_rows_full_vocab=full,

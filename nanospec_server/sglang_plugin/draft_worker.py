@@ -19,17 +19,21 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
 from nanospec_server.config import Mode, NanoSpecConfig
+from nanospec_server.sglang_plugin import eagle3
 from nanospec_server.sglang_plugin import runtime as runtime_module
 from nanospec_server.sglang_plugin.packed_head import PackedHeadLogitsProcessor
 from nanospec_server.sglang_plugin.request_stats import RequestStats
 from nanospec_server.sglang_plugin.runtime import NanoSpecRuntime
 from nanospec_server.vocab import DynamicVocab
+from nanospec_server.vocab.draft_vocab import DraftIds, DraftVocab
 from nanospec_server.vocab.slot_pool import SlotPool
 
 logger = logging.getLogger(__name__)
 
 
 class NanoSpecDraftMixin:
+    prefill_topk: eagle3.PrefillTopk | None = None  # EAGLE-3's source of top-K_pre
+
     def init_lm_head(self) -> None:
         super().init_lm_head()
         if self.speculative_algorithm.is_standalone() and self.hot_token_id is not None:
@@ -46,9 +50,16 @@ class NanoSpecDraftMixin:
             self.hot_token_id = self.nanospec.vocab.row_token_ids
             if self.speculative_algorithm.is_standalone():
                 _capture_full_target_hidden_in_prefill(self.target_worker)
+            if eagle3.is_eagle3(self):
+                self.prefill_topk = eagle3.install_prefill_topk(
+                    self.target_worker.model_runner.model, self.nanospec.prefill_k_pre
+                )
 
     def _draft_extend_for_prefill(self, batch, target_hidden_states, *args, **kwargs):
-        self.nanospec.on_prefill(batch, target_hidden_states)
+        if self.prefill_topk is not None:  # EAGLE-3: the hidden states are the auxiliary ones
+            self.nanospec.on_prefill(batch, None, eagle3.prefill_top_for(batch, self.prefill_topk))
+        else:
+            self.nanospec.on_prefill(batch, target_hidden_states)
         if self.speculative_algorithm.is_standalone():
             target_hidden_states = None  # captured for top-K_pre only; the draft never used it
         return super()._draft_extend_for_prefill(batch, target_hidden_states, *args, **kwargs)
@@ -79,9 +90,12 @@ def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
     device = target_runner.model.lm_head.weight.device
     stats = RequestStats(num_slots, vocab_size, device)
     vocab, slot_pool = None, None
+    draft_ids = eagle3.draft_ids(worker)  # D of a pruned EAGLE-3 head
+    if eagle3.is_eagle3(worker):
+        eagle3.check_supported(worker, config)
     if config.mode.is_dynamic:
         _check_supported(worker, config)
-        vocab, slot_pool = build_vocab(worker, config)
+        vocab, slot_pool = build_vocab(worker, config, draft_ids)
         memory = vocab.memory_report()
         logger.info(
             "nanospec: %s mode, W_max=%d (cap %d), K_pre=%d, K_ver=%d, prior %d; device memory "
@@ -101,14 +115,20 @@ def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
         stats=stats,
         vocab=vocab,
         slot_pool=slot_pool,
-        static_ids=worker.hot_token_id if config.mode == Mode.STATIC else None,
+        # The fixed vocabulary the head drafts over: FR-Spec's list, or an EAGLE-3 head's D
+        # (in full mode too: stock SGLang drafts over D there).
+        static_ids=worker.hot_token_id if not config.mode.is_dynamic else None,
+        draft_head_vocab=draft_ids.draft_of >= 0 if draft_ids is not None else None,
     )
     runtime.update_settings()  # publish K_ver to the verify hook
     return runtime
 
 
-def build_vocab(worker: EagleDraftWorker, config: NanoSpecConfig) -> tuple[DynamicVocab, SlotPool]:
+def build_vocab(
+    worker: EagleDraftWorker, config: NanoSpecConfig, draft_ids: DraftIds | None = None
+) -> tuple[DynamicVocab, SlotPool]:
     """The vocabulary sized to the requests that can run at once, not to the request pool.
+    With ``draft_ids`` (a pruned EAGLE-3 head) it drafts over I ∩ D (``DraftVocab``).
 
     SGLang's request pool can hold thousands of entries on a GPU; only
     ``max_running_requests`` of them run, so the O(V) window state has that many slots
@@ -123,8 +143,10 @@ def build_vocab(worker: EagleDraftWorker, config: NanoSpecConfig) -> tuple[Dynam
     capacity = config.union_capacity
     if capacity is not None:  # the CLI cannot know V: clamp to what the head can hold
         capacity = max(min(capacity, vocab_size), len(pinned))
-    vocab = DynamicVocab(
+    vocab_class, head = (DynamicVocab, ()) if draft_ids is None else (DraftVocab, (draft_ids,))
+    vocab = vocab_class(
         weight,
+        *head,
         num_slots=max_running + 1,
         w_cap=config.w_cap,
         w_max=config.w_max,
@@ -154,11 +176,11 @@ def _prior_tokens(k: int) -> list[int]:
 
 def _check_supported(worker: EagleDraftWorker, config: NanoSpecConfig) -> None:
     mode = f"--nanospec-mode {config.mode.value}"
-    if worker.hot_token_id is not None:
+    if worker.hot_token_id is not None and not eagle3.is_eagle3(worker):
         raise ValueError(
-            f"{mode} needs a full-vocabulary draft head; this draft carries a pruned "
-            "vocabulary (EAGLE-3 d2t or --speculative-token-map). Use --nanospec-mode full "
-            "or static with it."
+            f"{mode} drafts over its own vocabulary and cannot be combined with "
+            "--speculative-token-map (FR-Spec's fixed list). Use --nanospec-mode static "
+            "with it, or drop the token map."
         )
     if get_spec().speculative_use_rejection_sampling:
         raise ValueError(

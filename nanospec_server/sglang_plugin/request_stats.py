@@ -25,9 +25,11 @@ from nanospec_server.admin import metrics
 from nanospec_server.config import DEFAULT_HISTORY, HISTORY_ENV
 from nanospec_server.sglang_plugin.step_timer import StepTimer
 
-# Counter columns, one row per slot.
+# Counter columns, one row per slot. COVERED: emitted tokens in the active set;
+# COVERED_BY_HEAD: in the draft head's own vocabulary (all of them but for an EAGLE-3 d2t).
 STEPS, ACCEPTED, EMITTED, COVERED, ACTIVE_SUM, ACTIVE_MAX, ROWS_SUM, HEAD_CALLS = range(8)
-NUM_COUNTERS = 8
+COVERED_BY_HEAD = 8
+NUM_COUNTERS = 9
 
 
 def history_size() -> int:
@@ -65,6 +67,7 @@ class Totals:
     draft_steps: int = 0
     emitted_tokens: int = 0
     covered_tokens: int = 0
+    covered_by_head_tokens: int = 0
     active_vocab_sum: int = 0
     lm_head_rows: int = 0
     lm_head_calls: int = 0
@@ -76,6 +79,7 @@ class Totals:
         self.draft_steps += entry["draft_steps"]
         self.emitted_tokens += entry["emitted_tokens"]
         self.covered_tokens += entry["covered_tokens"]
+        self.covered_by_head_tokens += entry["covered_by_head_tokens"]
         self.active_vocab_sum += entry["active_vocab_sum"]
         self.lm_head_rows += entry["lm_head_rows"]
         self.lm_head_calls += entry["lm_head_calls"]
@@ -98,15 +102,22 @@ class RequestStats:
         self.timer.reset(slots)
 
     def record_verify(
-        self, slots: Tensor, accept_lens: Tensor, covered: Tensor, active_size: Tensor
+        self,
+        slots: Tensor,
+        accept_lens: Tensor,
+        covered: Tensor,
+        active_size: Tensor,
+        covered_by_head: Tensor,
     ) -> None:
-        """One speculative step: tokens emitted (accepted + bonus), how many were in I."""
+        """One speculative step: tokens emitted (accepted + bonus), how many were in I (of
+        the draft head: I ∩ D), and how many in the head's vocabulary D."""
         delta = torch.zeros(len(slots), NUM_COUNTERS, dtype=torch.int64, device=slots.device)
         delta[:, STEPS] = 1
         delta[:, ACCEPTED] = accept_lens - 1  # draft tokens the target accepted
         delta[:, EMITTED] = accept_lens
         delta[:, COVERED] = covered
         delta[:, ACTIVE_SUM] = active_size
+        delta[:, COVERED_BY_HEAD] = covered_by_head
         self.counters.index_add_(0, slots, delta)
         maxed = torch.maximum(self.counters[slots, ACTIVE_MAX], active_size)
         self.counters[slots, ACTIVE_MAX] = maxed
@@ -186,6 +197,8 @@ def _to_dict(row: list[int], active_now: int, stream_len: int, vocab_size: int) 
         "active_vocab_max": max(row[ACTIVE_MAX], active_now),
         "stream_length": stream_len,
         "coverage": row[COVERED] / row[EMITTED] if row[EMITTED] else None,
+        # Coverage by the draft head's vocabulary D, the ceiling of the one above.
+        "head_vocab_coverage": row[COVERED_BY_HEAD] / row[EMITTED] if row[EMITTED] else None,
         "accept_length_mean": row[EMITTED] / steps if steps else None,
         "draft_steps": steps,
         "accepted_draft_tokens": row[ACCEPTED],
@@ -195,6 +208,7 @@ def _to_dict(row: list[int], active_now: int, stream_len: int, vocab_size: int) 
         # raw sums, so that means over many requests (and DP ranks) are exact
         "emitted_tokens": row[EMITTED],
         "covered_tokens": row[COVERED],
+        "covered_by_head_tokens": row[COVERED_BY_HEAD],
         "active_vocab_sum": row[ACTIVE_SUM],
         "lm_head_rows": row[ROWS_SUM],
     }

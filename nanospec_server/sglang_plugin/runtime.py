@@ -48,7 +48,9 @@ class NanoSpecRuntime:
     vocab: DynamicVocab | None  # None in the full and static modes
     # Request-pool index -> vocabulary slot (the vocabulary holds running requests only).
     slot_pool: SlotPool | None = None
-    static_ids: Tensor | None = None  # FR-Spec's hot token ids (static mode)
+    static_ids: Tensor | None = None  # the head's fixed vocabulary (static; EAGLE-3's D)
+    # [V] bool: D of a pruned EAGLE-3 head (None: the head has every token), for coverage.
+    draft_head_vocab: Tensor | None = None
     owners: dict[int, SlotOwner] = field(default_factory=dict)  # by request-pool index
     requests_without_slot: int = 0  # admitted when every vocabulary slot was taken
     # The output streamer may see a finished request after SGLang released its slot.
@@ -69,7 +71,15 @@ class NanoSpecRuntime:
 
     # -- prefill ------------------------------------------------------------------------
 
-    def on_prefill(self, batch, target_hidden: Tensor | None) -> None:
+    def prefill_k_pre(self) -> int:
+        """K_pre where prefill candidates enter a window (0: none are needed)."""
+        return self.config.k_pre if self.vocab is not None and self.mode != Mode.EXT_ONLY else 0
+
+    def on_prefill(
+        self, batch, target_hidden: Tensor | None, prefill_top: Tensor | None = None
+    ) -> None:
+        """``prefill_top``: the top-K_pre already taken in the target pass (EAGLE-3), else
+        they come from ``target_hidden``."""
         if not batch.reqs:
             return
         pool_slots = batch.req_pool_indices.to(torch.int64)
@@ -87,9 +97,11 @@ class NanoSpecRuntime:
             owner.prompt_tokens_appended = end
         rids = [req.rid for req in batch.reqs]
         self._append(slots, *_padded(prompt_rows, slots.device), rids, "prefill")
-        if target_hidden is not None and self.config.k_pre > 0:
-            top = topk_tokens_in_chunks(target_hidden, self.target_head, self.config.k_pre)
-            self._append(slots, *_per_request_rows(top, batch.extend_lens), rids, "prefill")
+        if prefill_top is None and target_hidden is not None and self.config.k_pre > 0:
+            prefill_top = topk_tokens_in_chunks(target_hidden, self.target_head, self.config.k_pre)
+        if prefill_top is not None:
+            rows = _per_request_rows(prefill_top, batch.extend_lens)
+            self._append(slots, *rows, rids, "prefill")
         self.vocab.refresh(slots)
 
     def _claim_slots(self, reqs, pool_slots: Tensor) -> None:
@@ -163,7 +175,12 @@ class NanoSpecRuntime:
         emitted = batch_result.next_token_ids.view(len(slots), -1).to(torch.int64)
         emitted_valid = torch.arange(emitted.shape[1], device=slots.device) < accept_lens[:, None]
         covered = (self._in_draft_vocab(slots, emitted) & emitted_valid).sum(1)
-        self.stats.record_verify(pool_slots, accept_lens, covered, self._active_size(slots))
+        in_head = emitted_valid
+        if self.draft_head_vocab is not None:
+            vocab_size = len(self.draft_head_vocab)  # padding past accept_lens may be any id
+            in_head = in_head & self.draft_head_vocab[emitted.clamp(0, vocab_size - 1)]
+        active = self._active_size(slots)
+        self.stats.record_verify(pool_slots, accept_lens, covered, active, in_head.sum(1))
         if candidates is not None and self._appends_while_decoding():
             self._append_step(slots, candidates, [req.rid for req in batch.reqs])
             self.vocab.refresh(slots)

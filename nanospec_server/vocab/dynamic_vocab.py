@@ -76,10 +76,13 @@ class DynamicVocab:
         self._rows_read: Tensor | int = 0
         # CPU: the same state transitions as fused C++ loops (None: the torch path).
         self._cpu = ops.cpu_vocab_kernels(self.window, self.head)
-        # Token id of every packed row, free rows reading as 0: a lookup table for callers
-        # that map local top-k rows back to token ids (an impossible row is never chosen
-        # unless a request has fewer active tokens than k, and then any valid id will do).
-        self.row_token_ids = self.head.ids.clamp(min=0)
+        # Vocabulary id of every packed row, free rows reading as 0, kept by the kernels
+        # that update the head; ``row_token_ids`` is the same table in token ids: a lookup
+        # for callers that map local top-k rows back to token ids (an impossible row is
+        # never chosen unless a request has fewer active tokens than k, and then any valid
+        # id will do). Here a vocabulary id is a token id; ``DraftVocab`` maps them apart.
+        self.row_ids = self.head.ids.clamp(min=0)
+        self.row_token_ids = self.row_ids
         if self.device.type == "cuda" and overlap:
             self._side_stream = torch.cuda.Stream(self.device)
             self._refreshed = torch.cuda.Event()
@@ -98,9 +101,10 @@ class DynamicVocab:
         slots = slots.to(self.device, torch.int64).contiguous()
         if self._cpu is not None:
             self.head.record_dropped(self._cpu.refresh(slots, self.w_max, release=True))
-            torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
+            torch.clamp(self.head.ids, min=0, out=self.row_ids)
         else:
-            self.head.apply(self.window.release(slots), self.row_token_ids)
+            self.head.apply(self.window.release(slots), self.row_ids)
+        self._rows_changed()
         self.window.reset(slots)
         self.request_w_max[slots] = 0
 
@@ -150,19 +154,23 @@ class DynamicVocab:
         if self._side_stream is None:
             if self._cpu is not None:
                 self.head.record_dropped(self._cpu.refresh(slots, self.w_max_of(slots)))
-                torch.clamp(self.head.ids, min=0, out=self.row_token_ids)
+                torch.clamp(self.head.ids, min=0, out=self.row_ids)
             else:
-                self.head.apply(
-                    self.window.refresh(slots, self.w_max_of(slots)), self.row_token_ids
-                )
+                self.head.apply(self.window.refresh(slots, self.w_max_of(slots)), self.row_ids)
+            self._rows_changed()
             return
         caller = torch.cuda.current_stream(self.device)
         self._side_stream.wait_stream(caller)
         with torch.cuda.stream(self._side_stream):
-            self.head.apply(self.window.refresh(slots, self.w_max_of(slots)), self.row_token_ids)
+            self.head.apply(self.window.refresh(slots, self.w_max_of(slots)), self.row_ids)
+            self._rows_changed()
             self._refreshed.record(self._side_stream)
         if not torch.cuda.is_current_stream_capturing():  # a graph keeps its inputs alive
             slots.record_stream(self._side_stream)
+
+    def _rows_changed(self) -> None:
+        """After every head update, on the stream that made it: keep tables derived from
+        ``row_ids`` current (none here: vocabulary ids are token ids)."""
 
     def topk(self, hidden: Tensor, row_slots: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """Top-k of softmax over each row's active vocabulary: (probs [N, k], global ids)."""

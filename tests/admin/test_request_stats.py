@@ -30,7 +30,9 @@ def test_running_then_finished_with_totals(monkeypatch) -> None:
     stats.track(reqs, w_max=64)
     assert list(stats.running) == ["r0", "r1", "r2"]
     slots = torch.tensor([0, 1, 2])
-    stats.record_verify(slots, torch.tensor([2, 1, 3]), torch.tensor([1, 1, 2]), slots + 10)
+    stats.record_verify(
+        slots, torch.tensor([2, 1, 3]), torch.tensor([1, 1, 2]), slots + 10, torch.tensor([2, 0, 3])
+    )
     stats.record_head(slots, 12)
     stats.track(reqs, w_max=32)  # a live change reaches the running requests
     running = stats.describe_running(stats.snapshot([0, 1, 2], [10, 11, 12], [5, 5, 5]))
@@ -47,6 +49,8 @@ def test_running_then_finished_with_totals(monkeypatch) -> None:
     totals = stats.totals
     assert (totals.requests, totals.prompt_tokens, totals.output_tokens) == (3, 6, 12)
     assert (totals.draft_steps, totals.emitted_tokens, totals.covered_tokens) == (3, 6, 4)
+    assert totals.covered_by_head_tokens == 5
+    assert stats.finished["r1"]["head_vocab_coverage"] == 0.0
     assert (totals.lm_head_rows, totals.lm_head_calls, totals.active_vocab_sum) == (36, 3, 33)
     assert stats.finished["r2"]["state"] == "finished" and stats.finished["r2"]["finished_at"]
 

@@ -20,7 +20,7 @@ def entry(rid: str, state: str, steps: int, emitted: int, covered: int, finished
         "accept_length_mean": None, "draft_steps": steps, "accepted_draft_tokens": 0,
         "lm_head_calls": steps, "lm_head_rows_mean": 40.0, "started_at": 1.0,
         "finished_at": finished_at, "emitted_tokens": emitted, "covered_tokens": covered,
-        "active_vocab_sum": 30 * steps, "lm_head_rows": 40 * steps,
+        "covered_by_head_tokens": emitted, "active_vocab_sum": 30 * steps, "lm_head_rows": 40 * steps,
     }  # fmt: skip
 
 
@@ -58,6 +58,8 @@ def test_aggregates_are_exact_over_ranks(per_rank) -> None:
     if steps:
         assert abs(agg.accept_length_mean - emitted / steps) < 1e-9
         assert abs(agg.active_vocab_mean - 30.0) < 1e-9
+    if emitted:  # every emitted token was in the head's vocabulary
+        assert agg.head_vocab_coverage_mean == 1.0
         assert agg.lm_head_rows_full_vocab == steps * VOCAB
         assert abs(agg.lm_head_rows_saved_fraction - (1 - 40 / VOCAB)) < 1e-9
     else:

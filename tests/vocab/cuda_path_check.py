@@ -1,7 +1,8 @@
 """Run by test_cuda_path_interpreted.py under TRITON_INTERPRET=1 (and by the device check
 on a GPU): the CUDA path (fixed shapes, Triton kernels) against the torch reference path,
 on random streams, per-request W_max and a live W_max that shrinks and grows back, with a
-union buffer that sometimes overflows."""
+union buffer that sometimes overflows. Every third seed drafts over a pruned EAGLE-3 head
+(``DraftVocab``: a d2t vocabulary D of half the tokens)."""
 
 import sys
 
@@ -9,20 +10,24 @@ import torch
 
 from nanospec_server.ops import backend
 from nanospec_server.vocab import DynamicVocab
+from nanospec_server.vocab.draft_vocab import DraftIds, DraftVocab
 
 
 def run(device: str, seeds: range, vocab_size: int = 211, hidden: int = 32) -> None:
     for seed in seeds:
         gen = torch.Generator().manual_seed(seed)
-        weight = torch.randn(vocab_size, hidden, generator=gen)
+        draft = None
+        if seed % 3 == 0:
+            draft = torch.randperm(vocab_size, generator=gen)[: vocab_size // 2].sort().values
+        weight = torch.randn(vocab_size if draft is None else len(draft), hidden, generator=gen)
         w_cap = int(torch.randint(2, 24, (1,), generator=gen))
         capacity = None if seed % 2 else int(torch.randint(3, 3 * w_cap, (1,), generator=gen))
         settings = dict(num_slots=5, w_cap=w_cap, w_max=w_cap, always_active=(0, 5))
         settings["union_capacity"] = capacity
-        fast = DynamicVocab(weight.to(device), static_shapes=True, **settings)
+        fast = _vocab(weight.to(device), draft, vocab_size, static_shapes=True, **settings)
         backend.triton_ops.cache_clear()
         with _only_reference():
-            slow = DynamicVocab(weight, static_shapes=False, **settings)
+            slow = _vocab(weight, draft, vocab_size, static_shapes=False, **settings)
         for step in range(12):
             slots = (
                 torch.randperm(4, generator=gen)[: int(torch.randint(1, 5, (1,), generator=gen))]
@@ -48,6 +53,7 @@ def run(device: str, seeds: range, vocab_size: int = 211, hidden: int = 32) -> N
             count = int(slow.head.count)
             assert int(fast.head.count) == count <= fast.head.capacity
             assert torch.equal(fast.head.ids.cpu(), slow.head.ids)
+            assert torch.equal(fast.row_token_ids.cpu(), slow.row_token_ids)
             torch.testing.assert_close(fast.head.buf[:count].cpu(), slow.head.buf[:count])
             torch.testing.assert_close(probs.cpu(), want_probs, atol=1e-4, rtol=1e-3)
             live = want_probs > 1e-3
@@ -59,6 +65,13 @@ def run(device: str, seeds: range, vocab_size: int = 211, hidden: int = 32) -> N
                 fast.reset(slots[:1].to(device))
                 with _only_reference():
                     slow.reset(slots[:1])
+
+
+def _vocab(weight, draft, vocab_size: int, **settings) -> DynamicVocab:
+    if draft is None:
+        return DynamicVocab(weight, **settings)
+    ids = DraftIds.from_hot_token_ids(draft.to(weight.device), vocab_size)
+    return DraftVocab(weight, ids, **settings)
 
 
 class _only_reference:

@@ -16,6 +16,7 @@ class ModelKind(str, Enum):
 
     TARGET = "target"
     EAGLE = "eagle"
+    EAGLE3 = "eagle3"
     STANDALONE = "standalone"
 
 
@@ -44,10 +45,18 @@ class TinyModelSpec:
     shape: LlamaShape
     description: str
     target: str | None = None
+    # EAGLE-3 only: rows of the draft's own LM head (its d2t vocabulary D, or every token).
+    draft_vocab_size: int | None = None
 
 
 TARGET_SHAPE = LlamaShape(num_layers=2)
 DRAFT_SHAPE = LlamaShape(num_layers=1)
+# The pruned EAGLE-3 head's vocabulary D: a bit over half the target's tokens, so that
+# many window tokens fall outside it.
+PRUNED_DRAFT_VOCAB = 512
+# Target layers whose outputs an EAGLE-3 head reads (SGLang adds one to each id; -1 is the
+# embedding). SGLang's default [2, L/2, L-3] does not fit the 2-layer tiny target.
+EAGLE3_AUX_LAYER_IDS = [-1, 0]
 
 TINY_MODELS: dict[str, TinyModelSpec] = {
     spec.name: spec
@@ -71,6 +80,24 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
             DRAFT_SHAPE,
             "Random-init 1-layer standalone Llama draft for tiny-target.",
             target="tiny-target",
+        ),
+        TinyModelSpec(
+            "tiny-eagle3",
+            ModelKind.EAGLE3,
+            DRAFT_SHAPE,
+            "Random-init 1-layer EAGLE-3 draft (LlamaForCausalLMEagle3) for tiny-target "
+            f"with a pruned vocabulary: {PRUNED_DRAFT_VOCAB} LM-head rows and a d2t map.",
+            target="tiny-target",
+            draft_vocab_size=PRUNED_DRAFT_VOCAB,
+        ),
+        TinyModelSpec(
+            "tiny-eagle3-full",
+            ModelKind.EAGLE3,
+            DRAFT_SHAPE,
+            "Random-init 1-layer EAGLE-3 draft for tiny-target with a full-vocabulary LM "
+            "head of its own and no d2t.",
+            target="tiny-target",
+            draft_vocab_size=VOCAB_SIZE,
         ),
         TinyModelSpec(
             "agree-target",
@@ -106,8 +133,11 @@ DTYPE_NAME = "bfloat16"
 def config_dict(spec: TinyModelSpec) -> dict[str, object]:
     """The HF ``config.json`` for ``spec`` (model_type llama)."""
     shape = spec.shape
-    architecture = "LlamaForCausalLMEagle" if spec.kind is ModelKind.EAGLE else "LlamaForCausalLM"
-    return {
+    architecture = {
+        ModelKind.EAGLE: "LlamaForCausalLMEagle",
+        ModelKind.EAGLE3: "LlamaForCausalLMEagle3",
+    }.get(spec.kind, "LlamaForCausalLM")
+    config: dict[str, object] = {
         # SGLang picks the model class from architectures[0]; for an EAGLE draft
         # it must name the EAGLE class, as it does not rename plain Llama drafts.
         "architectures": [architecture],
@@ -132,3 +162,13 @@ def config_dict(spec: TinyModelSpec) -> dict[str, object]:
         "pad_token_id": PAD_ID,
         "dtype": DTYPE_NAME,
     }
+    if spec.kind is ModelKind.EAGLE3:
+        # SpecForge's layout: the target's hidden size, the draft's own vocabulary size
+        # and which target layers feed the head.
+        config["target_hidden_size"] = TARGET_SHAPE.hidden_size
+        config["draft_vocab_size"] = spec.draft_vocab_size
+        config["eagle_config"] = {
+            "eagle_aux_hidden_state_layer_ids": EAGLE3_AUX_LAYER_IDS,
+            "use_aux_hidden_state": True,
+        }
+    return config

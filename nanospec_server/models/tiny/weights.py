@@ -4,7 +4,9 @@ Tensors use HF checkpoint names: ``model.*`` / ``lm_head.weight`` for a
 ``LlamaForCausalLM``, and the EAGLE-1 layout (``embed_tokens.weight``,
 ``fc.weight``, ``fc.bias``, ``layers.0.*`` with no ``input_layernorm``) for an
 EAGLE draft, which is what SGLang's ``LlamaForCausalLMEagle.load_weights``
-expects (it prefixes ``model.`` itself and ignores any ``lm_head``).
+expects (it prefixes ``model.`` itself and ignores any ``lm_head``). An EAGLE-3 draft
+uses SpecForge's names (``midlayer.*``, ``fc``, ``norm``, its own ``lm_head`` and, when its
+vocabulary is pruned, ``d2t``/``t2d``), which ``LlamaForCausalLMEagle3.load_weights`` reads.
 
 How the ``agree-*`` models agree
 --------------------------------
@@ -40,11 +42,12 @@ from nanospec_server.models.tiny.reference import (
 )
 from nanospec_server.models.tiny.spec import (
     DRAFT_SHAPE,
+    EAGLE3_AUX_LAYER_IDS,
     TARGET_SHAPE,
     TINY_MODELS,
     LlamaShape,
 )
-from nanospec_server.models.tiny.tokenizer import SPECIAL_TOKENS
+from nanospec_server.models.tiny.tokenizer import EOS_ID, SPECIAL_TOKENS
 
 DTYPE = torch.bfloat16
 
@@ -52,6 +55,8 @@ SEEDS = {
     "tiny-target": 1001,
     "tiny-eagle": 1002,
     "tiny-standalone": 1003,
+    "tiny-eagle3": 1004,
+    "tiny-eagle3-full": 1005,
     "agree-target": 2001,
 }
 
@@ -127,6 +132,44 @@ def random_eagle(shape: LlamaShape, seed: int, target: Tensors) -> Tensors:
     for layer in range(shape.num_layers):
         tensors |= _layer_tensors(gen, shape, f"layers.{layer}.", input_norm=layer > 0)
     return _round(tensors)
+
+
+def draft_vocabulary(vocab_size: int, size: int, seed: int) -> torch.Tensor:
+    """A pruned head's vocabulary D: ``size`` token ids, ascending as SpecForge sorts them,
+    EOS always among them (every training answer ends with it)."""
+    gen = torch.Generator().manual_seed(seed)
+    others = torch.tensor([t for t in range(vocab_size) if t != EOS_ID])
+    chosen = others[torch.randperm(len(others), generator=gen)[: size - 1]]
+    return torch.cat([chosen, torch.tensor([EOS_ID])]).sort().values
+
+
+def random_eagle3(shape: LlamaShape, seed: int, draft_vocab_size: int) -> Tensors:
+    """A random-init EAGLE-3 draft in SpecForge's layout. Below the target's vocabulary
+    size its head covers D = ``draft_vocabulary(...)`` only, and ``d2t[i] = D[i] - i``
+    (what SGLang adds to ``arange``) and the boolean ``t2d`` (which it drops) describe D."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, aux = shape.hidden_size, len(EAGLE3_AUX_LAYER_IDS)
+    tensors = {"fc.weight": _normal(gen, hidden, aux * hidden, (aux * hidden) ** -0.5)}
+    layer = _layer_tensors(gen, shape, "midlayer.", input_norm=True)
+    # Layer 0 attends over [embedding, feature]: twice the input width.
+    q_out, kv_out = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    for name, rows in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
+        layer[f"midlayer.self_attn.{name}.weight"] = _normal(
+            gen, rows, 2 * hidden, (2 * hidden) ** -0.5
+        )
+    tensors |= layer | {
+        "midlayer.hidden_norm.weight": torch.ones(hidden),
+        "norm.weight": torch.ones(hidden),
+    }
+    tensors["lm_head.weight"] = _normal(gen, draft_vocab_size, hidden, LM_HEAD_GAIN * hidden**-0.5)
+    tensors = _round(tensors)
+    if draft_vocab_size < shape.vocab_size:
+        ids = draft_vocabulary(shape.vocab_size, draft_vocab_size, seed)
+        tensors["d2t"] = ids - torch.arange(draft_vocab_size)
+        t2d = torch.zeros(shape.vocab_size, dtype=torch.bool)
+        t2d[ids] = True
+        tensors["t2d"] = t2d
+    return tensors
 
 
 def agree_successor(vocab_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,6 +287,8 @@ def model_tensors(name: str) -> Tensors:
         return random_eagle(spec.shape, SEEDS[name], model_tensors("tiny-target"))
     if name == "tiny-standalone":
         return random_llama(spec.shape, SEEDS[name])
+    if name in ("tiny-eagle3", "tiny-eagle3-full"):
+        return random_eagle3(spec.shape, SEEDS[name], spec.draft_vocab_size)
     if name == "agree-target":
         return agree_target(spec.shape, SEEDS[name])
     if name in ("agree-eagle", "agree-standalone"):
