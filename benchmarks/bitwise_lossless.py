@@ -85,10 +85,16 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7, help="prompt draw (not a tuned-on seed)")
     parser.add_argument("--chunk", type=int, default=64, help="speculative prefill chunk size")
     parser.add_argument("--specbench", type=Path, default=None)
+    parser.add_argument("--configs", nargs="+", help="a subset of the pair's configurations")
     parser.add_argument("--out", type=Path, default=Path("bench_results/bitwise_lossless.json"))
     args = parser.parse_args()
 
     target_name, configs = pairs()[args.pair]
+    if args.configs:
+        unknown = set(args.configs) - set(configs)
+        if unknown:
+            parser.error(f"--configs: {sorted(unknown)} not among {sorted(configs)}")
+        configs = {name: configs[name] for name in args.configs}
     target = prepare_model(target_name)
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     chats = load_tasks(args.specbench, args.limit_per_task, args.seed, TASKS)
