@@ -27,10 +27,13 @@ def register() -> None:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
         from nanospec_server.admin.routes import install_routes
+        from nanospec_server.sglang_plugin.chat_body_check import ChatBodyCheck
         from nanospec_server.sglang_plugin.live_settings import ensure_token
 
         ensure_token()  # before SGLang spawns the schedulers, which inherit it
         install_routes(http_server.app)
+        if not any(m.cls is ChatBodyCheck for m in http_server.app.user_middleware):
+            http_server.app.add_middleware(ChatBodyCheck)  # plugins may load twice
         HookRegistry.register(
             f"{HTTP_SERVER_MODULE}._freeze_gc_after_server_warmup",
             freeze_gc_once_listening,
@@ -42,7 +45,12 @@ def register() -> None:
 
         from nanospec_server.sglang_plugin import request_checks
 
-        for check in (request_checks.check_input_ids, request_checks.check_w_max_override):
+        checks = (
+            request_checks.check_input_ids,
+            request_checks.check_w_max_override,
+            request_checks.check_stop_regex,
+        )
+        for check in checks:
             HookRegistry.register(
                 f"{TOKENIZER_MANAGER_MODULE}.TokenizerManager._validate_one_request",
                 check,

@@ -6,10 +6,14 @@ answers with a 400.
 SGLang 0.5.23 passes raw `input_ids` to the model unchecked: an id outside the vocabulary
 makes the embedding lookup raise inside the scheduler, which takes the whole server (and
 every request in flight) down. A request's own W_max (`custom_params.w_max`) is checked
-like the live setting, against the capacity this server was launched with.
+like the live setting, against the capacity this server was launched with. A `stop_regex`
+that is no regular expression is refused here too: SGLang 0.5.23 parses it after
+validation, and `re.error` is no ValueError, so it was a 500 (found by the API fuzzer).
 """
 
 from __future__ import annotations
+
+import re
 
 from nanospec_server.config import REQUEST_W_MAX_PARAM, NanoSpecConfig
 
@@ -43,3 +47,22 @@ def check_w_max_override(tokenizer_manager, obj, *args, **kwargs) -> None:
         )
     if problem := w_max_problem(custom[REQUEST_W_MAX_PARAM], config.w_cap):
         raise ValueError(f"custom_params.{problem}")
+
+
+def check_stop_regex(tokenizer_manager, obj, *args, **kwargs) -> None:
+    """Compile every `sampling_params.stop_regex` as the scheduler's `re.search` will."""
+    params = getattr(obj, "sampling_params", None)
+    patterns = params.get("stop_regex") if isinstance(params, dict) else None
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    if not isinstance(patterns, list):
+        return  # None, or a type SGLang's own checks refuse
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            continue
+        try:
+            re.compile(pattern)
+        except (re.error, OverflowError, RecursionError) as error:
+            raise ValueError(
+                f"sampling_params.stop_regex: {pattern!r} is not a regular expression: {error}"
+            ) from error

@@ -29,7 +29,11 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
 
         if install_cpu_linear_hooks():
             HookRegistry.apply_hooks()  # before the model loads, with or without speculation
+    from nanospec_server.sglang_plugin import grammar_conflict
+
+    grammar_conflict.register_hooks()  # every server: a client's clash is a 400, not a 500
     if not server_args.speculative_algorithm:
+        HookRegistry.apply_hooks()
         return
     from nanospec_server.admin import metrics
     from nanospec_server.sglang_plugin import live_settings, output_streamer

@@ -127,7 +127,9 @@ def test_schema_metrics_and_dashboard_are_served(server: Server) -> None:
     generate(server.url, [1, 9, 10, 11], 8)
     schema = requests.get(f"{server.url}/openapi.json", timeout=30).json()
     assert "VocabStats" in schema["components"]["schemas"]
-    assert {"/stats/vocab", "/stats/vocab/{rid}", "/nanospec/settings"} <= set(schema["paths"])
+    ours = {"/stats/vocab", "/stats/vocab/{rid}", "/nanospec/settings", "/nanospec/config"}
+    assert ours | {"/dashboard"} <= set(schema["paths"])  # the fuzzer reaches all of them
+    assert "text/html" in schema["paths"]["/dashboard"]["get"]["responses"]["200"]["content"]
     metrics = requests.get(f"{server.url}/metrics", timeout=30).text
     for series in ("nanospec:active_vocab_size_count", "nanospec:coverage_bucket",
                    "nanospec:accept_length_sum", "nanospec:lm_head_rows_computed_total",

@@ -1,0 +1,34 @@
+"""The per-request checks that turn inputs SGLang would fail on into a 400 naming the field."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from nanospec_server.sglang_plugin.request_checks import check_stop_regex
+
+
+def request(**sampling) -> SimpleNamespace:
+    return SimpleNamespace(sampling_params=sampling)
+
+
+@pytest.mark.parametrize("pattern", ["(", "[a-", "a{2,1}", "(?P<x>a)(?P<x>b)", ["ok", "*"]])
+def test_a_stop_regex_that_does_not_compile_is_a_value_error_naming_the_field(pattern) -> None:
+    with pytest.raises(ValueError, match=r"^sampling_params\.stop_regex: .* is not a regular"):
+        check_stop_regex(None, request(stop_regex=pattern))
+
+
+@pytest.mark.parametrize("pattern", [None, "[a-z ]+", "(ab|cd)*$", ["x", r"\d+"], 5, [5]])
+def test_valid_missing_or_mistyped_stop_regex_passes_to_sglang(pattern) -> None:
+    # Mistyped values are SGLang's to refuse (its own 400); only patterns are ours.
+    check_stop_regex(None, request(stop_regex=pattern))
+    check_stop_regex(None, SimpleNamespace(sampling_params=None))
+
+
+def test_the_message_carries_the_regex_error() -> None:
+    with pytest.raises(ValueError) as raised:
+        check_stop_regex(None, request(stop_regex="("))
+    assert isinstance(raised.value.__cause__, re.error)
+    assert "missing )" in str(raised.value)
