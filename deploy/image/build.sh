@@ -5,7 +5,7 @@
 #
 # Usage: bash deploy/image/build.sh [TAG]      (default: localhost/nanospec-server:cpu)
 # Needs root, podman, runc and debootstrap (apt-get install podman runc debootstrap); about
-# 4 minutes on an idle 2-core host, 14 on a loaded one, and 8 GB. Run it under `nice` on a
+# 4 minutes on a quiet 2-core host, 14-18.5 at load 12-18, and 8 GB. Run it under `nice` on a
 # shared machine.
 # Environment: BASE_TAG (default localhost/nanospec-base:bookworm), DEBIAN_MIRROR,
 # PYTHON (the Python whose pip configuration to use; default python3), and podman's own
