@@ -59,6 +59,16 @@ def test_cpu_image_uses_the_cpu_install_script() -> None:
     assert "deploy/install_cpu.sh" in runs and (ROOT / "deploy/install_cpu.sh").is_file()
 
 
+def test_cpu_image_takes_its_base_and_build_time_pip_config_as_arguments() -> None:
+    """deploy/image/build.sh builds FROM a base of its own and hands pip a configuration for
+    the build only: a build argument, never part of the image's environment."""
+    found = instructions("Dockerfile.cpu")
+    assert found["FROM"] == ["${BASE_IMAGE}"]
+    assert "BASE_IMAGE=python:3.11-slim-bookworm" in found["ARG"]  # what `docker build` gets
+    assert "PIP_CONFIG_FILE" in found["ARG"]
+    assert "PIP_CONFIG_FILE" not in " ".join(found["ENV"])
+
+
 @pytest.mark.parametrize(("name", "dockerfile"), COMPOSE.items())
 def test_compose_file(name: str, dockerfile: str) -> None:
     compose = yaml.safe_load((ROOT / name).read_text())
