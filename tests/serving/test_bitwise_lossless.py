@@ -34,6 +34,8 @@ CONFIGS = {
     + ["--nanospec-mode", "full"],
     "standalone-topk2-sync": speculative_flags("STANDALONE", "tiny-standalone", 3, 2, 6)
     + ["--nanospec-mode", "sync"],
+    "eagle3-pruned-topk2-nanospec": speculative_flags("EAGLE3", "tiny-eagle3", 3, 2, 6)
+    + ["--nanospec-mode", "nanospec", "--nanospec-w-max", "48"],
 }
 
 
