@@ -41,6 +41,16 @@ def running_server(args: list[str], log_path: Path) -> Iterator[str]:
 def running_servers(servers: dict[str, tuple[list[str], Path]]) -> Iterator[dict[str, str]]:
     """Start every named server at once (a start is mostly imports and weight loading),
     wait until all are healthy, yield their URLs; stop them all on exit or failure."""
+    with running_server_processes(servers) as started:
+        yield {name: url for name, (url, _) in started.items()}
+
+
+@contextmanager
+def running_server_processes(
+    servers: dict[str, tuple[list[str], Path]],
+) -> Iterator[dict[str, tuple[str, subprocess.Popen]]]:
+    """`running_servers`, yielding each URL with its `nanospec serve` process (for tests
+    of how that process ends)."""
     started: list[subprocess.Popen] = []
     try:
         pending = []
@@ -57,7 +67,7 @@ def running_servers(servers: dict[str, tuple[list[str], Path]]) -> Iterator[dict
             pending.append((name, f"http://127.0.0.1:{port}", process, log_path))
         for _, url, process, log_path in pending:
             _wait_until_healthy(url, process, log_path)
-        yield {name: url for name, url, _, _ in pending}
+        yield {name: (url, process) for name, url, process, _ in pending}
     finally:
         for process in started:
             # SIGINT is what a user's Ctrl-C sends; the CLI must stop SGLang's children too.
