@@ -19,12 +19,12 @@ class StreamError(RuntimeError):
 
 @dataclass
 class Outcome:
-    rid: str
+    rid: str | None
     output_ids: list[int]  # all of them, or what the client saw before it left
     finish: str  # SGLang's finish_reason type ("length", "stop", "abort"), or LEFT
 
 
-def _body(rid: str, input_ids: list[int], params: dict, stream: bool) -> dict:
+def _body(rid: str | None, input_ids: list[int], params: dict, stream: bool) -> dict:
     return {"rid": rid, "input_ids": input_ids, "sampling_params": params, "stream": stream}
 
 
@@ -34,7 +34,7 @@ def _checked(response: requests.Response) -> requests.Response:
     return response
 
 
-def generate_whole(url: str, rid: str, input_ids: list[int], params: dict) -> Outcome:
+def generate_whole(url: str, rid: str | None, input_ids: list[int], params: dict) -> Outcome:
     body = _body(rid, input_ids, params, stream=False)
     response = _checked(requests.post(f"{url}/generate", json=body, timeout=REQUEST_TIMEOUT_S))
     result = response.json()

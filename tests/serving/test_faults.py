@@ -5,6 +5,7 @@ and a scheduler that dies. After each, nothing stays held and greedy output is p
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import signal
 import threading
@@ -18,11 +19,7 @@ import pytest
 import requests
 
 from nanospec_server.bench import clients, server_state
-from nanospec_server.bench.server import (
-    running_server_processes,
-    running_servers,
-    speculative_flags,
-)
+from nanospec_server.bench.server import running_server_processes, speculative_flags
 from nanospec_server.engine_watch import EXIT_ENGINE_DIED
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import BOS_ID, VOCAB_SIZE
@@ -51,8 +48,13 @@ def urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         "spec": (TARGET + SPEC, folder / "spec.log"),
         "plain": (TARGET, folder / "plain.log"),
     }
-    with running_servers(servers) as started:
-        yield started
+    with running_server_processes(servers) as started:
+        yield {name: url for name, (url, _) in started.items()}
+    # They were stopped as a user's Ctrl-C stops them (SIGINT to the process group), which
+    # ends SGLang's processes on purpose: no error, status 0.
+    for name, (_, process) in started.items():
+        log = servers[name][1].read_text()
+        assert process.returncode == 0 and "nanospec: error" not in log, log[-3000:]
 
 
 def prompt(length: int, seed: int) -> list[int]:
@@ -62,7 +64,7 @@ def prompt(length: int, seed: int) -> list[int]:
 
 def plain_output(urls: dict[str, str], input_ids: list[int], max_new_tokens: int) -> list[int]:
     params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
-    return clients.generate_whole(urls["plain"], "plain", input_ids, params).output_ids
+    return clients.generate_whole(urls["plain"], None, input_ids, params).output_ids
 
 
 def aggregates(url: str) -> dict:
@@ -93,6 +95,8 @@ def test_a_client_that_leaves_mid_stream_is_aborted_and_frees_its_slot(urls) -> 
     entry = server_state.wait_for_entry(spec, rid, {"finished", "aborted"})
     assert entry is not None and entry["state"] == "aborted", entry
     assert 3 <= entry["output_tokens"] < LONG
+    streamed = json.loads(seen[-1][len(b"data:") :])["output_ids"]
+    assert streamed == plain_output(urls, input_ids, len(streamed))  # plain decoding's start
     assert assert_idle(spec) == idle
     after = aggregates(spec)
     assert after["requests_aborted"] == before["requests_aborted"] + 1
