@@ -47,7 +47,9 @@ class RunningRequest:
             "rid": self.req.rid,
             "state": state,
             "prompt_tokens": len(self.req.origin_input_ids),
-            "output_tokens": len(self.req.output_ids),
+            # as SGLang counts completion tokens: a last verify step may accept past the
+            # stop (max_new_tokens, a stop token), and what lies past it is never sent
+            "output_tokens": len(self.req.output_ids_through_stop),
             "w_max": self.w_max,
             "started_at": self.started_at,
             "finished_at": finished_at,

@@ -22,6 +22,10 @@ class Req:
     def finished(self) -> bool:
         return self.done
 
+    @property
+    def output_ids_through_stop(self) -> list[int]:
+        return self.output_ids
+
 
 def test_running_then_finished_with_totals(monkeypatch) -> None:
     monkeypatch.setenv(HISTORY_ENV, "2")
