@@ -48,9 +48,9 @@ class SoakRun:
     errors: dict[str, str] = field(default_factory=dict)
     w_max_changes: list[int] = field(default_factory=list)  # HTTP status of each change
     aborts_sent: int = 0
-    rss_warm: int | None = None  # scheduler RSS once the warm-up requests ended
-    rss_samples: list[int] = field(default_factory=list)  # after warm-up
-    rss_end: int | None = None
+    rss_warm: int | None = None  # scheduler RSS, idle once the warm-up requests ended
+    rss_samples: list[int] = field(default_factory=list)  # after warm-up, busy or not
+    rss_end: int | None = None  # idle at the end
     wall_s: float = 0.0
     stopped_by_deadline: bool = False
 
@@ -70,18 +70,18 @@ def reference_outputs(url: str, jobs: list[Job], concurrency: int) -> dict[str, 
 
 class _Soak:
     def __init__(self, url: str, jobs: list[Job], warmup: int, deadline_s: float, seed: int):
-        self.url, self.jobs, self.warmup = url, jobs, warmup
+        self.url, self.jobs = url, jobs
         self.deadline = time.monotonic() + deadline_s
         self.rng = random.Random(seed)
         self.run = SoakRun()
         self.lock = threading.Lock()
         self.done = threading.Event()
-        self.next_job = 0
+        self.next_job, self.limit = 0, warmup
         self.scheduler = server_state.scheduler_process(url)
 
     def take(self) -> Job | None:
         with self.lock:
-            if self.next_job == len(self.jobs):
+            if self.next_job == self.limit:
                 return None
             if time.monotonic() > self.deadline:
                 self.run.stopped_by_deadline = True
@@ -101,8 +101,6 @@ class _Soak:
                 continue
             with self.lock:
                 self.run.outcomes[job.rid] = outcome
-                if len(self.run.outcomes) + len(self.run.errors) == self.warmup:
-                    self.run.rss_warm = self.scheduler.memory_info().rss
 
     def send(self, job: Job) -> clients.Outcome:
         params = job.params()
@@ -159,9 +157,14 @@ def soak(
     for thread in helpers:
         thread.start()
     try:
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            for _ in range(concurrency):
-                pool.submit(state.worker)
+        for limit in (warmup, len(jobs)):  # the warm-up, then the rest
+            state.limit = limit
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                for _ in range(concurrency):
+                    pool.submit(state.worker)
+            if state.run.rss_warm is None:
+                server_state.wait_until_idle(url)  # like the end: idle, then measured
+                state.run.rss_warm = state.scheduler.memory_info().rss
     finally:
         state.done.set()
         for thread in helpers:

@@ -59,7 +59,9 @@ def test_a_consistent_run_passes_with_its_figures() -> None:
     verdict = check(*consistent_run(), IDLE)
     assert verdict.failures == []
     assert (verdict.finished, verdict.aborted, verdict.aborted_before_a_batch) == (2, 1, 1)
-    assert verdict.greedy_compared == 3 and verdict.rss_max_mb == 103.0
+    assert (
+        verdict.greedy_compared == 3 and verdict.rss_max_mb == 103.0 and verdict.rss_end_mb == 102.0
+    )
 
 
 def test_each_fault_is_named() -> None:
