@@ -233,6 +233,8 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
             2, f"nanospec: error: --port: {server_args.host}:{server_args.port} is in use\n"
         )
     host.redact_from_logs(server_args.admin_api_key, server_args.api_key)
+    from nanospec_server import engine_watch
+
     url = f"http://{server_args.host}:{server_args.port}"
     print(f"nanospec: starting {server_args.model_path} ({config.mode.value})", flush=True)
     try:
@@ -251,6 +253,7 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
     finally:
         # After SIGINT uvicorn shuts down gracefully and launch_server simply returns, or
         # the interrupt lands here first: either way this is the one place that reports it.
+        engine_watch.expect_shutdown()  # SGLang's processes now end on purpose
         print("nanospec: stopped", flush=True)
         kill_process_tree(os.getpid(), include_parent=False)
     return 0

@@ -37,7 +37,9 @@ def add_admin_commands(subparsers: argparse._SubParsersAction) -> None:
         "--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
         help="refresh every SECONDS (default 2) until Ctrl-C",
     )  # fmt: skip
-    stats.add_argument("--state", choices=["running", "finished"], help="only these requests")
+    stats.add_argument(
+        "--state", choices=["running", "finished", "aborted"], help="only these requests"
+    )
     stats.add_argument("--limit", type=int, default=20, help="requests shown (default 20)")
     stats.set_defaults(func=run_stats)
 
@@ -145,7 +147,8 @@ def format_stats(stats: dict) -> str:
     saved = agg["lm_head_rows_saved_fraction"]
     lines = [
         "settings  " + "  ".join(f"{k}={v}" for k, v in settings.items()),
-        f"requests  {agg['requests_running']} running, {agg['requests_finished']} finished   "
+        f"requests  {agg['requests_running']} running, {agg['requests_finished']} finished, "
+        f"{agg['requests_aborted']} aborted   "
         f"tokens {agg['prompt_tokens']} prompt / {agg['output_tokens']} output",
         f"means     active vocab {_fmt(agg['active_vocab_mean'], 1)}   "
         f"coverage {_fmt(agg['coverage_mean'], 3)}   accept length "

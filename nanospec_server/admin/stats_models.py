@@ -16,6 +16,7 @@ from nanospec_server.config import NanoSpecConfig
 class RequestState(str, Enum):
     RUNNING = "running"
     FINISHED = "finished"
+    ABORTED = "aborted"  # a client that went away, /abort_request
 
 
 class RequestEntry(BaseModel):
@@ -53,9 +54,11 @@ class RequestEntry(BaseModel):
 
 
 class Aggregates(BaseModel):
-    """Totals over finished requests since start, plus the requests running now."""
+    """Totals over the requests that ended since start (finished or aborted: the steps of
+    both ran), plus the requests running now."""
 
     requests_finished: int
+    requests_aborted: int
     requests_running: int
     prompt_tokens: int
     output_tokens: int
@@ -68,6 +71,10 @@ class Aggregates(BaseModel):
     lm_head_rows_full_vocab: int = Field(description="what the full vocabulary would cost")
     lm_head_rows_saved_fraction: float | None
     state_bytes: int = Field(description="device memory of NanoSpec's per-request state")
+    state_bytes_in_use: int = Field(
+        description="the part held now: window slots of running requests, packed-head rows"
+    )
+    state_bytes_idle: int = Field(description="what `state_bytes_in_use` reads with none running")
 
     @classmethod
     def from_ranks(cls, ranks: list[dict]) -> Aggregates:
@@ -77,8 +84,13 @@ class Aggregates(BaseModel):
         steps, emitted = total("draft_steps"), total("emitted_tokens")
         computed = total("lm_head_rows")
         full = sum(rank["totals"]["lm_head_calls"] * rank["vocab_size"] for rank in ranks)
+
+        def memory(name: str) -> int:
+            return sum(rank.get("memory", {}).get(name, 0) for rank in ranks)
+
         return cls(
             requests_finished=total("requests"),
+            requests_aborted=total("aborted"),
             requests_running=sum(len(rank["running"]) for rank in ranks),
             prompt_tokens=total("prompt_tokens"),
             output_tokens=total("output_tokens"),
@@ -93,6 +105,8 @@ class Aggregates(BaseModel):
             lm_head_rows_full_vocab=full,
             lm_head_rows_saved_fraction=1 - computed / full if full else None,
             state_bytes=sum(rank["state_bytes"] for rank in ranks),
+            state_bytes_in_use=memory("state_bytes_in_use"),
+            state_bytes_idle=memory("state_bytes_idle"),
         )
 
 
@@ -103,7 +117,8 @@ class RankStats(BaseModel):
     memory: dict[str, int] = Field(
         default_factory=dict,
         description="NanoSpec's device bytes by part (window, union buffer, slot map), the "
-        "sizes behind them, and how often a full union buffer left tokens out",
+        "sizes behind them, how often a full union buffer left tokens out, and what "
+        "requests hold now (`slots_in_use`, `union_rows_in_use` against `union_rows_idle`)",
     )
 
 

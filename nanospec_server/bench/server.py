@@ -44,10 +44,20 @@ def running_server(args: list[str], log_path: Path) -> Iterator[str]:
 def running_servers(servers: dict[str, tuple[list[str], Path]]) -> Iterator[dict[str, str]]:
     """Start every named server at once (a start is mostly imports and weight loading),
     wait until all are healthy, yield their URLs; stop them all on exit or failure."""
+    with running_server_processes(servers) as started:
+        yield {name: url for name, (url, _) in started.items()}
+
+
+@contextmanager
+def running_server_processes(
+    servers: dict[str, tuple[list[str], Path]],
+) -> Iterator[dict[str, tuple[str, subprocess.Popen]]]:
+    """`running_servers`, yielding each URL with its `nanospec serve` process (for tests
+    of how that process ends)."""
     started: list[subprocess.Popen] = []
     try:
         pending = [(name, *_start(*spec, started)) for name, spec in servers.items()]
-        urls = {}
+        running = {}
         for name, url, process in pending:
             args, log_path = servers[name]
             attempt = 1
@@ -57,8 +67,8 @@ def running_servers(servers: dict[str, tuple[list[str], Path]]) -> Iterator[dict
                 # The port was free when picked, but another process bound it first.
                 url, process = _start(args, log_path, started)
                 attempt += 1
-            urls[name] = url
-        yield urls
+            running[name] = (url, process)
+        yield running
     finally:
         for process in started:
             # SIGINT is what a user's Ctrl-C sends; the CLI must stop SGLang's children too.

@@ -39,6 +39,23 @@ def register() -> None:
             freeze_gc_once_listening,
             HookType.AROUND,
         )
+        from nanospec_server import engine_watch
+
+        HookRegistry.register(
+            f"{TOKENIZER_MANAGER_MODULE}.SignalHandler.running_phase_sigquit_handler",
+            engine_watch.sigquit_hook,
+            HookType.AROUND,
+        )
+        HookRegistry.register(
+            "sglang.srt.utils.watchdog.SubprocessWatchdog._check_processes",
+            engine_watch.check_processes_hook,
+            HookType.AROUND,
+        )
+        for exit_handler in (
+            "uvicorn.server.Server.handle_exit",  # Ctrl-C, SIGTERM before SGLang's loop runs
+            f"{TOKENIZER_MANAGER_MODULE}.SignalHandler.sigterm_handler",
+        ):
+            HookRegistry.register(exit_handler, engine_watch.expect_shutdown, HookType.BEFORE)
         logger.info("nanospec: admin routes installed")
     if TOKENIZER_MANAGER_MODULE in sys.modules:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType

@@ -49,7 +49,9 @@ class RunningRequest:
             "rid": self.req.rid,
             "state": state,
             "prompt_tokens": len(self.req.origin_input_ids),
-            "output_tokens": len(self.req.output_ids),
+            # as SGLang counts completion tokens: a last verify step may accept past the
+            # stop (max_new_tokens, a stop token), and what lies past it is never sent
+            "output_tokens": len(self.req.output_ids_through_stop),
             "w_max": self.w_max,
             "started_at": self.started_at,
             "finished_at": finished_at,
@@ -59,9 +61,11 @@ class RunningRequest:
 
 @dataclass
 class Totals:
-    """Raw sums over finished requests; the admin layer derives means (across DP ranks too)."""
+    """Raw sums over every request that ended, finished or aborted (its steps ran all the
+    same); the admin layer derives means (across DP ranks too)."""
 
-    requests: int = 0
+    requests: int = 0  # finished normally
+    aborted: int = 0  # ended by an abort: a client that went away, /abort_request
     prompt_tokens: int = 0
     output_tokens: int = 0
     draft_steps: int = 0
@@ -73,7 +77,10 @@ class Totals:
     lm_head_calls: int = 0
 
     def add(self, entry: dict) -> None:
-        self.requests += 1
+        if entry["state"] == "aborted":
+            self.aborted += 1
+        else:
+            self.requests += 1
         self.prompt_tokens += entry["prompt_tokens"]
         self.output_tokens += entry["output_tokens"]
         self.draft_steps += entry["draft_steps"]
@@ -151,8 +158,10 @@ class RequestStats:
             self.w_max_published = w_max
         now = time.time()
         for req in reqs:
-            if req.finished():
-                continue
+            if req.rid in self.finished:
+                continue  # with the overlap schedule a finished request can be emitted twice
+            # A request that ends at its first output (one new token, an EOS at once) is
+            # noted too: this chunk's snapshot files it.
             in_force = w_max_of(req) if w_max_of is not None else w_max
             running = self.running.get(req.rid)
             if running is None:
@@ -164,11 +173,12 @@ class RequestStats:
             # streamer (aborts) and nobody has read the statistics since. Bound the memory.
             self.running = {rid: r for rid, r in self.running.items() if not r.req.finished()}
 
-    def remember_finished(self, rid: str, stats: dict) -> None:
+    def remember_finished(self, rid: str, stats: dict, aborted: bool = False) -> None:
         running = self.running.pop(rid, None)
         if running is None or rid in self.finished:
             return  # with the overlap schedule a finished request can be emitted twice
-        entry = running.describe(stats, "finished", finished_at=time.time())
+        state = "aborted" if aborted else "finished"
+        entry = running.describe(stats, state, finished_at=time.time())
         self.finished[rid] = entry
         while len(self.finished) > self.history:
             self.finished.popitem(last=False)

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 
 import torch
+from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from torch import Tensor
 
 from nanospec_server.config import Mode, NanoSpecConfig, requested_w_max
@@ -52,6 +53,8 @@ class NanoSpecRuntime:
     # [V] bool: D of a pruned EAGLE-3 head (None: the head has every token), for coverage.
     draft_head_vocab: Tensor | None = None
     owners: dict[int, SlotOwner] = field(default_factory=dict)  # by request-pool index
+    # The pool entries holding a vocabulary slot now, and whose request holds it.
+    holders: dict[int, SlotOwner] = field(default_factory=dict)
     requests_without_slot: int = 0  # admitted when every vocabulary slot was taken
     # The output streamer may see a finished request after SGLang released its slot.
     slot_of_rid: dict[str, int] = field(default_factory=dict)
@@ -80,6 +83,7 @@ class NanoSpecRuntime:
     ) -> None:
         """``prefill_top``: the top-K_pre already taken in the target pass (EAGLE-3), else
         they come from ``target_hidden``."""
+        self.release_ended()
         if not batch.reqs:
             return
         pool_slots = batch.req_pool_indices.to(torch.int64)
@@ -121,6 +125,8 @@ class NanoSpecRuntime:
                 if self.slot_pool is not None:
                     fresh_vocab.append(self._claim_vocab_slot(slot))
                     own_w_max.append(self._own_w_max(req) or 0)
+                    if fresh_vocab[-1]:
+                        self.holders[slot] = self.owners[slot]
         if fresh:
             fresh_slots = torch.tensor(fresh, dtype=torch.int64, device=pool_slots.device)
             self.stats.reset(fresh_slots)
@@ -147,17 +153,36 @@ class NanoSpecRuntime:
     def _claim_vocab_slot(self, pool_index: int) -> int:
         slot = self.slot_pool.claim(pool_index)
         if slot == 0:  # every slot taken: reclaim those of requests that left the pool
-            for index, owner in list(self.owners.items()):
-                if owner.req.finished() or owner.req.kv.req_pool_idx != index:
-                    self._release_vocab_slot(index)
+            self.release_ended()
             slot = self.slot_pool.claim(pool_index)
         if slot == 0:  # still none: this request drafts from the always-active tokens only
             self.requests_without_slot += 1
         return slot
 
     def _release_vocab_slot(self, pool_index: int) -> None:
+        self.holders.pop(pool_index, None)
         if self.slot_pool is not None and (slot := self.slot_pool.release(pool_index)):
             self.vocab.reset(torch.tensor([slot], device=self.slot_pool.table.device))
+
+    def release_ended(self) -> None:
+        """Give back the vocabulary slots (window, union rows) of requests that ended,
+        finished, aborted or retracted, so that a finished request's tokens stop costing
+        the live ones LM-head rows. Called where no batch can still read those slots: at
+        the start of a step (in stream order with the last one) and when the scheduler
+        idles; a request that finishes is emitted first, so its last snapshot sees them."""
+        ended = [
+            index
+            for index, owner in self.holders.items()
+            if owner.req.finished() or owner.req.kv.req_pool_idx != index
+        ]
+        # A request can end without its last chunk reaching our streamer (an abort):
+        # file it while its window still reads as it was.
+        reqs = [self.holders[index].req for index in ended]
+        unfiled = [req for req in reqs if req.finished() and req.rid in self.stats.running]
+        if unfiled:
+            self.snapshot(unfiled)
+        for index in ended:
+            self._release_vocab_slot(index)
 
     def vocab_slots(self, pool_slots: Tensor) -> Tensor:
         """Vocabulary slots of these request-pool entries (device lookup, graph-safe)."""
@@ -167,6 +192,7 @@ class NanoSpecRuntime:
 
     def on_verify(self, batch, batch_result) -> None:
         candidates = LAST_VERIFY.take()
+        self.release_ended()
         if not batch.reqs:
             return
         pool_slots = batch.req_pool_indices.to(torch.int64)
@@ -233,18 +259,29 @@ class NanoSpecRuntime:
             req_stats["mode"] = self.mode.value
             req_stats["w_max"] = self.w_max_in_force(req)
             if req.finished():
-                self.stats.remember_finished(req.rid, req_stats)
+                aborted = isinstance(req.finished_reason, FINISH_ABORT)
+                self.stats.remember_finished(req.rid, req_stats, aborted)
         return stats
 
     def memory_report(self) -> dict:
         """NanoSpec's device bytes and how a full union buffer degraded drafting (for
         /stats/vocab; reads two device counters)."""
         if self.vocab is None:
-            return {"total_bytes": 0}
+            held = ("slots_in_use", "union_rows_in_use", "union_rows_idle")
+            return dict.fromkeys(
+                ("total_bytes", *held, "state_bytes_in_use", "state_bytes_idle"), 0
+            )
         report = self.vocab.memory_report() | self.vocab.overflow_stats()
         report["slot_map_bytes"] = self.slot_pool.table.numel() * 8 if self.slot_pool else 0
         report["total_bytes"] += report["slot_map_bytes"]
         report["requests_without_slot"] = self.requests_without_slot
+        # What requests hold of it now: with none running, the pinned rows only.
+        report |= self.vocab.usage()
+        report["slots_in_use"] = len(self.holders)
+        in_use = report["slots_in_use"] * report["window_bytes_per_slot"]
+        in_use += report["union_rows_in_use"] * report["union_bytes_per_row"]
+        report["state_bytes_in_use"] = in_use
+        report["state_bytes_idle"] = report["union_rows_idle"] * report["union_bytes_per_row"]
         return report
 
 

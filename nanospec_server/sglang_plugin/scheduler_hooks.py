@@ -64,6 +64,7 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
         lambda scheduler: output_streamer.NanoSpecOutputStreamer,
         HookType.REPLACE,
     )
+    HookRegistry.register(f"{SCHEDULER}.on_idle", release_ended_on_idle, HookType.BEFORE)
     HookRegistry.register(
         f"{INTERNAL_STATE}.SchedulerInternalStateController._update_handlers",
         live_settings.update_handlers_hook,
@@ -82,3 +83,12 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
     install_cpu_sampling_hook()  # CPU only: EAGLE verify samples instead of going greedy
     HookRegistry.apply_hooks()
     logger.info("nanospec: draft workers, verify capture and statistics installed")
+
+
+def release_ended_on_idle(scheduler, *args, **kwargs) -> None:
+    """BEFORE hook on `Scheduler.on_idle` (no batch in flight): the last requests' slots
+    go back now, not when the next request's step comes, so an idle server holds none."""
+    from nanospec_server.sglang_plugin import runtime
+
+    if runtime.RUNTIME is not None:
+        runtime.RUNTIME.release_ended()

@@ -286,6 +286,16 @@ class DynamicVocab:
             "overflows": int(self.head.overflows),
         }
 
+    def usage(self) -> dict[str, int]:
+        """Packed-head rows in use now and with no request running (the pinned ones), and
+        the bytes of one row (reads a device counter: for statistics, not the step)."""
+        head = self.head
+        return {
+            "union_rows_in_use": int(head.count),
+            "union_rows_idle": head.num_pinned,
+            "union_bytes_per_row": head.buf.shape[1] * head.buf.element_size() + 8,  # + ids
+        }
+
     def nbytes(self) -> int:
         return self.window.nbytes() + self.head.nbytes()
 

@@ -22,6 +22,10 @@ class Req:
     def finished(self) -> bool:
         return self.done
 
+    @property
+    def output_ids_through_stop(self) -> list[int]:
+        return self.output_ids
+
 
 def test_running_then_finished_with_totals(monkeypatch) -> None:
     monkeypatch.setenv(HISTORY_ENV, "2")
@@ -64,19 +68,27 @@ def test_a_requests_own_w_max_is_the_one_in_force() -> None:
     assert [running.w_max for running in stats.running.values()] == [16, 32]
 
 
-def test_finished_requests_are_not_tracked() -> None:
+def test_a_request_that_ends_at_its_first_chunk_is_filed_once() -> None:
     stats = RequestStats(num_slots=2, vocab_size=10, device=torch.device("cpu"))
-    stats.track([Req("x", [1], done=True)], w_max=8)
-    assert stats.running == {}
+    req = Req("x", [1], output_ids=[5], done=True)  # one new token: it ends at prefill
+    stats.track([req], w_max=8)
+    stats.remember_finished("x", stats.snapshot([0], [0], [0])[0])
+    stats.track([req], w_max=8)  # emitted twice: not noted again
+    assert stats.running == {} and list(stats.finished) == ["x"]
+    assert (stats.totals.requests, stats.totals.output_tokens) == (1, 1)
     stats.remember_finished("never-seen", stats.snapshot([0], [0], [0])[0])
-    assert stats.totals.requests == 0 and not stats.finished
+    assert stats.totals.requests == 1
 
 
-def test_records_of_requests_that_never_reported_their_end_are_bounded() -> None:
-    stats = RequestStats(num_slots=2, vocab_size=10, device=torch.device("cpu"))
-    aborted = [Req("a", [1]), Req("b", [1])]
-    stats.track(aborted, w_max=8)
-    for req in aborted:
-        req.done = True  # aborted: no last chunk reaches the streamer
-    stats.track([Req("c", [1])], w_max=8)
-    assert list(stats.running) == ["c"]
+def test_an_aborted_request_is_filed_as_aborted_and_counted_apart() -> None:
+    stats = RequestStats(num_slots=4, vocab_size=100, device=torch.device("cpu"))
+    reqs = [Req("done", [1, 2]), Req("cut", [1, 2, 3])]
+    stats.track(reqs, w_max=64)
+    for i, (req, aborted) in enumerate(zip(reqs, (False, True), strict=True)):
+        req.output_ids, req.done = [7] * (i + 2), True
+        stats.remember_finished(req.rid, stats.snapshot([i], [10], [5])[0], aborted)
+    assert [e["state"] for e in stats.finished.values()] == ["finished", "aborted"]
+    totals = stats.totals
+    assert (totals.requests, totals.aborted) == (1, 1)
+    # both ran their steps: the sums cover both
+    assert (totals.prompt_tokens, totals.output_tokens) == (5, 5)

@@ -73,6 +73,7 @@ function render(stats) {
   const a = stats.aggregates;
   cards($("aggregates"), [
     ["running", a.requests_running], ["finished", a.requests_finished],
+    ["aborted", a.requests_aborted],
     ["prompt tokens", a.prompt_tokens], ["output tokens", a.output_tokens],
     ["active vocab mean", fmt(a.active_vocab_mean, 1)], ["coverage", fmt(a.coverage_mean, 3)],
     ["accept length", fmt(a.accept_length_mean)],
