@@ -37,6 +37,14 @@ def generate_all(
         return list(pool.map(lambda p, n: generate(url, p, n), prompts, max_new_tokens))
 
 
+def generate_waves(url: str, prompts: list[list[int]], max_new: list[int]) -> list[dict]:
+    """Two concurrent waves, the second in reverse order (slots are reused, batches differ);
+    results in the first wave's order, then the second's in the same order."""
+    first = generate_all(url, prompts, max_new)
+    second = generate_all(url, prompts[::-1], max_new[::-1])
+    return first + second[::-1]
+
+
 @pytest.fixture(scope="session")
 def serve(tmp_path_factory: pytest.TempPathFactory) -> Callable:
     """serve(target, extra_flags) -> context manager yielding the server URL."""

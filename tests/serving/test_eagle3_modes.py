@@ -22,7 +22,8 @@ from nanospec_server.models.prior import prior_token_ids
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.spec import PRUNED_DRAFT_VOCAB
 from nanospec_server.models.tiny.tokenizer import EOS_ID, VOCAB_SIZE
-from tests.serving.conftest import generate_all, make_prompts
+from tests.serving import conftest
+from tests.serving.conftest import make_prompts
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 
@@ -93,9 +94,7 @@ def eagle3_flags(head: str, mode: str, tree: str) -> list[str]:
 
 
 def generate_waves(url: str) -> list[dict]:
-    first = generate_all(url, PROMPTS, MAX_NEW)
-    second = generate_all(url, PROMPTS[::-1], MAX_NEW[::-1])
-    return first + second[::-1]
+    return conftest.generate_waves(url, PROMPTS, MAX_NEW)
 
 
 @pytest.fixture(scope="module")

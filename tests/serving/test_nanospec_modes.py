@@ -17,6 +17,7 @@ from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import BOS_ID, CORPUS_PATH, VOCAB_SIZE
 from nanospec_server.models.tiny.weights import SEEDS, agree_successor
 from nanospec_server.models.token_map import build_token_map
+from tests.serving import conftest
 from tests.serving.conftest import ADMIN_KEY, generate_all, make_prompts
 
 ADMIN_HEADERS = {"X-Admin-Key": ADMIN_KEY}
@@ -53,9 +54,7 @@ MAX_NEW = [8 + 4 * (i % 8) for i in range(len(PROMPTS))]
 
 
 def generate_waves(url: str) -> list[dict]:
-    first = generate_all(url, PROMPTS, MAX_NEW)
-    second = generate_all(url, PROMPTS[::-1], MAX_NEW[::-1])
-    return first + second[::-1]
+    return conftest.generate_waves(url, PROMPTS, MAX_NEW)
 
 
 @pytest.fixture(scope="module")
