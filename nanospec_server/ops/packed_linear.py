@@ -83,9 +83,28 @@ def pack(weight: Tensor) -> OneDnnWeight:
     return OneDnnWeight(blocks, width, weight.shape[0], weight.shape[1])
 
 
+def row_bucket(rows: int) -> int:
+    """The row count a call computes: ``rows`` rounded up to one of ~90 sizes up to 4096.
+
+    oneDNN keeps a primitive per (weight shape, row count) it has seen, up to 1024 of them,
+    ~0.4 MB each even for a tiny weight: a server seeing every row count from 1 to 400 grew
+    by ~650 MB, and its memory never settled. Since a row's result does not depend on the
+    rows beside it, zero rows can pad a call to a few sizes (that grew by ~60 MB). Up to 8
+    rows (decodes, small verifies) stay exact, where padding would cost most.
+    """
+    if rows <= 8:
+        return rows
+    step = 8 if rows <= 128 else 64
+    return -(-rows // step) * step
+
+
 def packed_linear(x: Tensor, packed: OneDnnWeight, bias: Tensor | None) -> Tensor:
     """``F.linear(x, W, bias)`` for W packed by ``pack``; any leading shape."""
     flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    padded = row_bucket(rows)
+    if padded != rows:
+        flat = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])])
     width = packed.block_width
     out = None
     for index, block in enumerate(packed.blocks):
@@ -94,7 +113,7 @@ def packed_linear(x: Tensor, packed: OneDnnWeight, bias: Tensor | None) -> Tenso
         part_bias = bias if index == 0 else None
         part = torch.ops.mkldnn._linear_pointwise(part_x, block, part_bias, "none", [], "")
         out = part if out is None else out.add_(part)
-    return out.view(*x.shape[:-1], packed.out_features)
+    return out[:rows].view(*x.shape[:-1], packed.out_features)
 
 
 class PackedLinear(nn.Module):

@@ -89,3 +89,17 @@ def test_only_fp32_cpu_layers_are_packed():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.bfloat16), torch.nn.Linear(4, 4))
     assert packed_linear.pack_linear_layers(model) == 1
     assert isinstance(model[0], torch.nn.Linear)
+
+
+def test_row_counts_fall_into_few_sizes():
+    # Each row count a call computes costs oneDNN a cached primitive: a bounded set of sizes
+    # keeps a server's memory flat; decodes and small verifies keep their exact count.
+    sizes = {packed_linear.row_bucket(rows) for rows in range(1, 4097)}
+    assert len(sizes) < 100
+    assert all(packed_linear.row_bucket(rows) == rows for rows in range(9))
+    assert all(rows <= packed_linear.row_bucket(rows) < rows + 64 for rows in range(1, 4097))
+    x = torch.randn(37, 300)
+    w = torch.randn(20, 300)
+    out = packed_linear.packed_linear(x, packed_linear.pack(w), None)
+    assert out.shape == (37, 20)  # the padding rows are not returned
+    torch.testing.assert_close(out, F.linear(x, w), rtol=1e-4, atol=1e-4)
