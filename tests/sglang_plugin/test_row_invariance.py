@@ -13,6 +13,7 @@ prepare_cpu_environment()  # SGLang's layers import sgl_kernel: the stand-in on 
 
 from sglang.srt.layers.activation import SiluAndMul  # noqa: E402
 from sglang.srt.layers.layernorm import RMSNorm  # noqa: E402
+from sglang.srt.layers.rotary_embedding import base as rope_base  # noqa: E402
 from sglang.srt.layers.rotary_embedding import get_rope  # noqa: E402
 
 ROWS = (2, 3, 5, 8, 13, 21)
@@ -47,7 +48,11 @@ def test_log_softmax_of_logits(vocab: int) -> None:
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 2, 16), (14, 2, 64), (12, 2, 128)])
-def test_rotary_embedding(heads: int, kv_heads: int, head_dim: int) -> None:
+def test_rotary_embedding(heads: int, kv_heads: int, head_dim: int, monkeypatch) -> None:
+    # SGLang reads the platform once, at import; in this test process another test may have
+    # imported it before the CPU switch was set (a server sets it first), and on a non-CPU
+    # platform the rotary layer would look for a CUDA kernel.
+    monkeypatch.setattr(rope_base, "_is_cpu", True)
     rope = get_rope(head_dim, rotary_dim=head_dim, max_position=4096, base=1000000.0)
     gen = torch.Generator().manual_seed(6)
     for rows in ROWS:
