@@ -184,13 +184,14 @@ def extend_attention(
             mask_offset += ext_len * ext_len
             tree = block.view(ext_len, ext_len).to(torch.bool)
         windowed = sliding_window_size > 0 and (is_causal or tree is not None)
+        prefix_keys = torch.arange(prefix_len) if tree is not None else None
         out = o_extend[start : start + ext_len]
         for j in range(ext_len):
             # Each query row attends to exactly the keys a one-token decode of its position
             # would see, in position order, through the same call decode makes.
             if tree is not None:  # the prefix, then the row's ancestors and itself
                 seen = prefix_len + tree[j].nonzero().squeeze(1)
-                keys = torch.cat([torch.arange(prefix_len), seen])
+                keys = torch.cat([prefix_keys, seen])
                 if windowed:
                     keys = keys[-sliding_window_size:]
                 k_row, v_row = k.index_select(0, keys), v.index_select(0, keys)
