@@ -54,14 +54,17 @@ def _pack_block(weight: Tensor) -> Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
 
 
+def _linear_block(x: Tensor, block: Tensor, bias: Tensor | None) -> Tensor:
+    """One oneDNN call: contiguous rows ``x`` times a block packed by ``_pack_block``."""
+    return torch.ops.mkldnn._linear_pointwise(x, block, bias, "none", [], "")
+
+
 def _one_row_matches_many(width: int) -> bool:
     """Does a one-row call compute what a three-row call computes for the same row?"""
     gen = torch.Generator().manual_seed(0)
     weight = _pack_block(torch.randn(256, width, generator=gen))
     x = torch.randn(3, width, generator=gen)
-    together = torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-    alone = torch.ops.mkldnn._linear_pointwise(x[1:2], weight, None, "none", [], "")
-    return torch.equal(together[1:2], alone)
+    return torch.equal(_linear_block(x, weight, None)[1:2], _linear_block(x[1:2], weight, None))
 
 
 @functools.cache
@@ -111,7 +114,7 @@ def packed_linear(x: Tensor, packed: OneDnnWeight, bias: Tensor | None) -> Tenso
         part_x = flat[:, index * width : (index + 1) * width].contiguous()
         # The bias joins the first block only, so it is added once, in a fixed place.
         part_bias = bias if index == 0 else None
-        part = torch.ops.mkldnn._linear_pointwise(part_x, block, part_bias, "none", [], "")
+        part = _linear_block(part_x, block, part_bias)
         out = part if out is None else out.add_(part)
     return out[:rows].view(*x.shape[:-1], packed.out_features)
 
