@@ -107,9 +107,8 @@ def bitwise_lossless(dtype: str) -> bool:
 
     if has_cuda() or dtype != "float32" or not packed_linears():
         return False
-    return (
-        needs_shim()
-    )  # our stand-in serves attention; SGLang's own CPU kernels make no such promise
+    # Our stand-in must serve attention: SGLang's own CPU kernels make no such promise.
+    return needs_shim()
 
 
 def cpu_flags_missing_from(argv: list[str]) -> list[str]:
