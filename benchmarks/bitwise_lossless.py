@@ -20,12 +20,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import requests
 from transformers import AutoTokenizer
 
 from nanospec_server import host
 from nanospec_server.bench.data import encode_chat, load_tasks
-from nanospec_server.bench.server import REQUEST_TIMEOUT_S, running_server, speculative_flags
+from nanospec_server.bench.server import generate, running_server, speculative_flags
 from nanospec_server.models.eagle_heads import get_head_spec, head_dir
 from nanospec_server.models.prepare import prepare_model
 
@@ -52,12 +51,9 @@ def pairs() -> dict[str, tuple[str, dict[str, list[str]]]]:
 
 def answers(url: str, prompts: list[list[int]], max_new_tokens: int) -> list[dict]:
     def one(input_ids: list[int]) -> dict:
-        body = {"input_ids": input_ids, "return_logprob": True,
-                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}  # fmt: skip
-        reply = requests.post(f"{url}/generate", json=body, timeout=REQUEST_TIMEOUT_S)
-        reply.raise_for_status()
-        meta = reply.json()["meta_info"]
-        return {"ids": reply.json()["output_ids"],
+        reply = generate(url, input_ids, max_new_tokens, return_logprob=True)
+        meta = reply["meta_info"]
+        return {"ids": reply["output_ids"],
                 "logprobs": [entry[0] for entry in meta["output_token_logprobs"]],
                 "accept": meta.get("spec_accept_length")}  # fmt: skip
 

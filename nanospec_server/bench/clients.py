@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import requests
 
-from nanospec_server.bench.server import REQUEST_TIMEOUT_S
+from nanospec_server.bench.server import REQUEST_TIMEOUT_S, checked
 
 LEFT = "left"  # the finish of a stream whose client went away before its end
 
@@ -28,15 +28,9 @@ def _body(rid: str | None, input_ids: list[int], params: dict, stream: bool) -> 
     return {"rid": rid, "input_ids": input_ids, "sampling_params": params, "stream": stream}
 
 
-def _checked(response: requests.Response) -> requests.Response:
-    if response.status_code != 200:
-        raise requests.HTTPError(f"{response.status_code}: {response.text}", response=response)
-    return response
-
-
 def generate_whole(url: str, rid: str | None, input_ids: list[int], params: dict) -> Outcome:
     body = _body(rid, input_ids, params, stream=False)
-    response = _checked(requests.post(f"{url}/generate", json=body, timeout=REQUEST_TIMEOUT_S))
+    response = checked(requests.post(f"{url}/generate", json=body, timeout=REQUEST_TIMEOUT_S))
     result = response.json()
     return Outcome(rid, result["output_ids"], result["meta_info"]["finish_reason"]["type"])
 
@@ -48,7 +42,7 @@ def stream(
     (SGLang then aborts the request). Each chunk carries every output id so far."""
     body = _body(rid, input_ids, params, stream=True)
     response = requests.post(f"{url}/generate", json=body, stream=True, timeout=REQUEST_TIMEOUT_S)
-    with _checked(response):
+    with checked(response):
         output_ids, chunks = [], 0
         for line in response.iter_lines():
             if not line.startswith(b"data:") or line == b"data: [DONE]":
@@ -68,4 +62,4 @@ def stream(
 def abort(url: str, rid: str, headers: dict[str, str]) -> None:
     """`/abort_request` (it takes the admin key when the server has one)."""
     response = requests.post(f"{url}/abort_request", json={"rid": rid}, headers=headers, timeout=60)
-    _checked(response)
+    checked(response)

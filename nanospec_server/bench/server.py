@@ -128,16 +128,21 @@ def _tail(path: Path, lines: int = 60) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def generate(url: str, input_ids: list[int], max_new_tokens: int, **sampling) -> dict:
-    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, **sampling}
-    response = requests.post(
-        f"{url}/generate",
-        json={"input_ids": input_ids, "sampling_params": params},
-        timeout=REQUEST_TIMEOUT_S,
-    )
+def checked(response: requests.Response) -> requests.Response:
+    """``response``, or an HTTPError carrying the server's message when it is not a 200."""
     if response.status_code != 200:
         raise requests.HTTPError(f"{response.status_code}: {response.text}", response=response)
-    return response.json()
+    return response
+
+
+def generate(
+    url: str, input_ids: list[int], max_new_tokens: int, *, return_logprob: bool = False, **sampling
+) -> dict:
+    """A `/generate` reply (greedy unless ``sampling`` says otherwise); ``return_logprob``
+    adds every output token's log-probability to its meta_info."""
+    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, **sampling}
+    body = {"input_ids": input_ids, "sampling_params": params, "return_logprob": return_logprob}
+    return checked(requests.post(f"{url}/generate", json=body, timeout=REQUEST_TIMEOUT_S)).json()
 
 
 def speculative_flags(

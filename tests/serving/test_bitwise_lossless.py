@@ -15,9 +15,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import requests
 
-from nanospec_server.bench.server import REQUEST_TIMEOUT_S, speculative_flags
+from nanospec_server.bench.server import generate, speculative_flags
 from tests.serving.conftest import make_prompts
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
@@ -39,17 +38,6 @@ CONFIGS = {
 }
 
 
-def generate_with_logprobs(url: str, input_ids: list[int], max_new_tokens: int) -> dict:
-    body = {
-        "input_ids": input_ids,
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
-        "return_logprob": True,
-    }
-    response = requests.post(f"{url}/generate", json=body, timeout=REQUEST_TIMEOUT_S)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 Answer = tuple[list[int], list[float], int]
 
 
@@ -61,7 +49,9 @@ def answers(url: str) -> list[Answer]:
         order = list(order)
         with ThreadPoolExecutor(max_workers=len(order)) as pool:
             wave = list(
-                pool.map(lambda i: generate_with_logprobs(url, PROMPTS[i], MAX_NEW[i]), order)
+                pool.map(
+                    lambda i: generate(url, PROMPTS[i], MAX_NEW[i], return_logprob=True), order
+                )
             )
         by_prompt = dict(zip(order, wave, strict=True))
         for i in range(len(PROMPTS)):
