@@ -54,7 +54,7 @@ def worker_label(url: str) -> str:
     return urlparse(url).netloc
 
 
-def fleet_stats(workers: list[WorkerStats], limit: int | None = None) -> FleetStats:
+def fleet_stats(workers: list[WorkerStats]) -> FleetStats:
     """Combine workers' replies: aggregates summed exactly, requests merged and labelled."""
     answered = [w for w in workers if w.stats is not None]
     requests = [
@@ -66,7 +66,7 @@ def fleet_stats(workers: list[WorkerStats], limit: int | None = None) -> FleetSt
     return FleetStats(
         aggregates=Aggregates.combine([w.stats.aggregates for w in answered]),
         workers=workers,
-        requests=requests[:limit] if limit is not None else requests,
+        requests=requests,
     )
 
 
