@@ -4,8 +4,9 @@ included) never enter the statistics; generate and chat pass through both routin
 with the greedy output of a direct request; the fleet view adds up; a W_max change from the
 CLI or the dashboard reaches every worker and rank.
 
-One module-scoped fleet (two workers, a router per policy) serves every case: each start
-costs a minute of the CI's two cores.
+One fleet serves every case: the package's server (tests/admin/conftest.py) and one
+`--dp-size 2` worker started here, behind a router per policy. Each server start costs a
+minute or more of the CI's two cores.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from nanospec_server.admin.fleet import fetch_fleet, worker_label
 from nanospec_server.admin.stats_models import Aggregates
 from nanospec_server.bench.server import free_port, running_servers
 from nanospec_server.models.tiny import tiny_model_path
-from tests.admin.conftest import ADMIN, SPEC_FLAGS
+from tests.admin.conftest import ADMIN, SPEC_FLAGS, Server
 from tests.admin.test_admin_cli import nanospec
 from tests.admin.test_dashboard_browser import browser, submit_w_max, texts  # noqa: F401
 from tests.serving.conftest import ADMIN_KEY, BASE_FLAGS
@@ -43,7 +44,7 @@ CHATS = ["hello there", "write a list"]
 
 @dataclass
 class Fleet:
-    workers: dict[str, str]  # "dp2" (--dp-size 2) and "one": URL
+    workers: dict[str, str]  # "dp2" (--dp-size 2) and "one" (the package's server): URL
     routers: dict[str, str]  # policy: URL
 
     @property
@@ -99,18 +100,17 @@ def _ready(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Fleet]:
     logs = tmp_path_factory.mktemp("fleet")
+    # the package server's flags (same models, so the same greedy outputs), two DP ranks
     flags = ["--model-path", str(tiny_model_path("tiny-target"))]
-    flags += BASE_FLAGS + SPEC_FLAGS + ["--enable-metrics"]
-    servers = {"dp2": flags + ["--dp-size", "2"], "one": flags}
+    flags += BASE_FLAGS + SPEC_FLAGS + ["--enable-metrics", "--dp-size", "2"]
     with ExitStack() as stack, pytest.MonkeyPatch.context() as env:
         # SGLang's CPU path binds each scheduler to a NUMA node unless told which cores each
         # rank gets; this host has one node. (With our sgl_kernel stand-in it binds nothing.)
         env.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0|1")
-        workers = stack.enter_context(
-            running_servers({name: (args, logs / f"{name}.log") for name, args in servers.items()})
-        )
+        dp2 = stack.enter_context(running_servers({"dp2": (flags, logs / "dp2.log")}))["dp2"]
+        workers = {"dp2": dp2, "one": server.url}
         routers = {
             policy: stack.enter_context(
                 running_router(list(workers.values()), policy, logs / f"router-{policy}.log")
@@ -224,13 +224,16 @@ def test_config_set_reaches_every_worker_and_rank(fleet: Fleet) -> None:
     wrong = nanospec("config", "set", "w_max", "64", "--url", urls, "--admin-key", "nope")
     assert wrong.returncode == 1 and "403" in wrong.stderr
     assert worker_w_max(fleet) == [640, 640, 640]
-    restore(fleet, before[0])
+    restore(fleet, before)
 
 
-def restore(fleet: Fleet, w_max: int) -> None:
+def restore(fleet: Fleet, w_max_per_rank: list[int]) -> None:
+    """Back as it was, for the other cases (every rank of a worker has the same)."""
+    first_rank = 0
     for url in fleet.urls:
-        body = {"w_max": w_max}
+        body = {"w_max": w_max_per_rank[first_rank]}
         requests.post(f"{url}/nanospec/settings", json=body, headers=ADMIN, timeout=60)
+        first_rank += len(stats(url)["ranks"])
 
 
 def test_dashboard_shows_the_fleet_and_changes_every_worker(fleet: Fleet, browser) -> None:  # noqa: F811
@@ -253,7 +256,9 @@ def test_dashboard_shows_the_fleet_and_changes_every_worker(fleet: Fleet, browse
     before = worker_w_max(fleet)
     assert "403" in submit_w_max(browser, 777, "not-the-key")
     assert worker_w_max(fleet) == before
+    targets = texts(browser, "#w-max-targets")[0]
+    assert all(label in targets for label in labels)
     assert "on 2 workers" in submit_w_max(browser, 777, ADMIN_KEY)
     assert worker_w_max(fleet) == [777, 777, 777]
     WebDriverWait(browser, 30).until(lambda b: texts(b, '[data-name="W_max"]') == ["777"])
-    restore(fleet, before[0])
+    restore(fleet, before)

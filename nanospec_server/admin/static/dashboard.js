@@ -219,4 +219,7 @@ $("w-max-form").addEventListener("submit", async (event) => {
     : `W_max is now ${replies[0].body.w_max}` + (WORKERS.length > 1 ? ` on ${replies.length} workers` : "");
 });
 
+// A ?workers= link decides where the key typed below goes: say so, so that a link that
+// names a stranger's host is seen before the key is sent there.
+$("w-max-targets").textContent = `The change and the key go to: ${WORKERS.map(workerName).join(", ")}`;
 poll();
