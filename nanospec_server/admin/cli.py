@@ -1,5 +1,9 @@
 """`nanospec stats [--watch] [--url]` and `nanospec config get|set`: a running server's admin API.
 
+`--url` may be given several times, or as a comma list: `stats` then shows the fleet (each
+worker's figures, labelled by its host:port, and their sums) and `config set` sends the
+change to every worker.
+
 Wire into the main parser with `add_admin_commands(subparsers)`; each command stores its
 runner in `args.func`.
 """
@@ -11,11 +15,12 @@ import os
 import sys
 import time
 from datetime import datetime
-from urllib.parse import urlparse
+from functools import partial
 
 import requests
 
 from nanospec_server.admin.auth import ADMIN_KEY_ENV, ADMIN_KEY_HEADER
+from nanospec_server.admin.fleet import FleetStats, fetch_fleet, worker_label, worker_urls
 
 URL_ENV = "NANOSPEC_URL"
 DEFAULT_URL = "http://127.0.0.1:30000"
@@ -27,12 +32,19 @@ class AdminError(Exception):
     """A failure the user can act on; printed as one line."""
 
 
+def _add_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", action="append", metavar="URL",
+        help=f"server URL; repeat it or give a comma list for several workers "
+        f"(default: ${URL_ENV} or {DEFAULT_URL})",
+    )  # fmt: skip
+
+
 def add_admin_commands(subparsers: argparse._SubParsersAction) -> None:
-    url_help = f"server URL (default: ${URL_ENV} or {DEFAULT_URL})"
     stats = subparsers.add_parser(
         "stats", help="per-request NanoSpec statistics of a running server, as a table"
     )
-    stats.add_argument("--url", default=os.environ.get(URL_ENV, DEFAULT_URL), help=url_help)
+    _add_url(stats)
     stats.add_argument(
         "--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
         help="refresh every SECONDS (default 2) until Ctrl-C",
@@ -46,12 +58,12 @@ def add_admin_commands(subparsers: argparse._SubParsersAction) -> None:
     config = subparsers.add_parser("config", help="read or change a running server's settings")
     actions = config.add_subparsers(dest="config_command", required=True)
     get = actions.add_parser("get", help="the settings in force")
-    get.add_argument("--url", default=os.environ.get(URL_ENV, DEFAULT_URL), help=url_help)
+    _add_url(get)
     get.set_defaults(func=run_config)
     put = actions.add_parser("set", help="change one setting live (needs the admin key)")
     put.add_argument("key", choices=SETTINGS, help="the setting")
     put.add_argument("value", type=int, help="its new value")
-    put.add_argument("--url", default=os.environ.get(URL_ENV, DEFAULT_URL), help=url_help)
+    _add_url(put)
     put.add_argument(
         "--admin-key", default=os.environ.get(ADMIN_KEY_ENV),
         help=f"the server's --admin-api-key (default: ${ADMIN_KEY_ENV})",
@@ -59,11 +71,11 @@ def add_admin_commands(subparsers: argparse._SubParsersAction) -> None:
     put.set_defaults(func=run_config)
 
 
-def _check_url(url: str) -> str:
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise AdminError(f"--url: not an http(s) URL: {url!r}")
-    return url.rstrip("/")
+def _urls(args: argparse.Namespace) -> list[str]:
+    try:
+        return worker_urls(args.url or [os.environ.get(URL_ENV, DEFAULT_URL)])
+    except ValueError as error:
+        raise AdminError(f"--url: {error}") from error
 
 
 def _call(method: str, url: str, path: str, **kwargs) -> dict:
@@ -77,7 +89,7 @@ def _call(method: str, url: str, path: str, **kwargs) -> dict:
             detail = body.get("message") or body.get("detail") or response.text
         except ValueError:
             detail = response.text
-        raise AdminError(f"{method} {path}: {response.status_code} {detail}")
+        raise AdminError(f"{method} {url}{path}: {response.status_code} {detail}")
     return response.json()
 
 
@@ -105,28 +117,41 @@ def _stats(args: argparse.Namespace) -> None:
         raise AdminError("--limit: must be at least 1")
     if args.watch is not None and args.watch <= 0:
         raise AdminError("--watch: must be a positive number of seconds")
-    url = _check_url(args.url)
+    urls = _urls(args)
     params = {"limit": args.limit} | ({"state": args.state} if args.state else {})
     while True:
-        table = format_stats(_call("GET", url, "/stats/vocab", params=params))
+        if len(urls) == 1:
+            table = format_stats(_call("GET", urls[0], "/stats/vocab", params=params))
+        else:
+            fleet = fetch_fleet(urls, partial(_call, "GET", path="/stats/vocab", params=params))
+            fleet.requests = fleet.requests[: args.limit]
+            errors = [worker.error for worker in fleet.workers if worker.stats is None]
+            if len(errors) == len(urls):
+                raise AdminError("; ".join(errors))
+            table = format_fleet(fleet)
         if args.watch is None:
             print(table)
+            if len(urls) > 1 and errors:  # the table shows the rest; the status says so
+                raise AdminError("; ".join(errors))
             return
         print("\033[2J\033[H" + table, flush=True)  # clear the terminal, then redraw
         time.sleep(args.watch)
 
 
 def _config(args: argparse.Namespace) -> None:
-    url = _check_url(args.url)
-    if args.config_command == "get":
-        settings = _call("GET", url, "/nanospec/settings")
-    else:
-        if not args.admin_key:
-            raise AdminError(f"--admin-key: required to change settings (or set ${ADMIN_KEY_ENV})")
+    urls = _urls(args)
+    if args.config_command == "set" and not args.admin_key:
+        raise AdminError(f"--admin-key: required to change settings (or set ${ADMIN_KEY_ENV})")
+    # Every worker is read first, so that a fleet with one worker down changes none.
+    settings = {url: _call("GET", url, "/nanospec/settings") for url in urls}
+    if args.config_command == "set":
         headers = {ADMIN_KEY_HEADER: args.admin_key}
         body = {args.key: args.value}
-        settings = _call("POST", url, "/nanospec/settings", json=body, headers=headers)
-    print("  ".join(f"{key}={value}" for key, value in settings.items()))
+        for url in urls:
+            settings[url] = _call("POST", url, "/nanospec/settings", json=body, headers=headers)
+    for url, values in settings.items():
+        line = "  ".join(f"{key}={value}" for key, value in values.items())
+        print(line if len(urls) == 1 else f"{worker_label(url)}  {line}")
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -139,14 +164,12 @@ COLUMNS = [
     ("rid", 10), ("state", 8), ("rank", 4), ("prompt", 6), ("output", 6), ("w_max", 6),
     ("active", 7), ("mean", 8), ("max", 7), ("coverage", 8), ("accept", 6), ("steps", 6),
 ]  # fmt: skip
+WORKER_COLUMN = ("worker", 21)
 
 
-def format_stats(stats: dict) -> str:
-    """`/stats/vocab` as a terminal table: settings, aggregates, then one row per request."""
-    settings, agg = stats["settings"], stats["aggregates"]
+def _aggregate_lines(agg: dict) -> list[str]:
     saved = agg["lm_head_rows_saved_fraction"]
-    lines = [
-        "settings  " + "  ".join(f"{k}={v}" for k, v in settings.items()),
+    return [
         f"requests  {agg['requests_running']} running, {agg['requests_finished']} finished, "
         f"{agg['requests_aborted']} aborted   "
         f"tokens {agg['prompt_tokens']} prompt / {agg['output_tokens']} output",
@@ -154,19 +177,61 @@ def format_stats(stats: dict) -> str:
         f"coverage {_fmt(agg['coverage_mean'], 3)}   accept length "
         f"{_fmt(agg['accept_length_mean'])}   LM-head rows saved "
         f"{'-' if saved is None else f'{saved:.1%}'}   state {agg['state_bytes'] / 2**20:.1f} MiB",
-        "",
-        " ".join(f"{name:>{width}}" for name, width in COLUMNS),
     ]
-    for entry in stats["requests"]:
+
+
+def _request_lines(requests: list[dict], by_worker: bool = False) -> list[str]:
+    columns = [WORKER_COLUMN, *COLUMNS] if by_worker else COLUMNS
+    lines = [" ".join(f"{name:>{width}}" for name, width in columns)]
+    for entry in requests:
         cells = [
             entry["rid"][:10], entry["state"], entry["dp_rank"], entry["prompt_tokens"],
             entry["output_tokens"], entry["w_max"], entry["active_vocab_size"],
             _fmt(entry["active_vocab_mean"], 1), entry["active_vocab_max"],
             _fmt(entry["coverage"], 3), _fmt(entry["accept_length_mean"]), entry["draft_steps"],
         ]  # fmt: skip
-        lines.append(" ".join(f"{_fmt(c):>{w}}" for c, (_, w) in zip(cells, COLUMNS, strict=True)))
-    if not stats["requests"]:
+        cells = [entry["worker"], *cells] if by_worker else cells
+        lines.append(" ".join(f"{_fmt(c):>{w}}" for c, (_, w) in zip(cells, columns, strict=True)))
+    if not requests:
         lines.append("(no requests yet)")
+    return lines
+
+
+def format_stats(stats: dict) -> str:
+    """`/stats/vocab` as a terminal table: settings, aggregates, then one row per request."""
+    settings = stats["settings"]
+    lines = [
+        "settings  " + "  ".join(f"{k}={v}" for k, v in settings.items()),
+        *_aggregate_lines(stats["aggregates"]),
+        "",
+        *_request_lines(stats["requests"]),
+    ]
     started = datetime.fromtimestamp(stats["started_at"]).strftime("%Y-%m-%d %H:%M:%S")
     lines.append(f"\nsince {started}; history keeps {stats['history_size']} finished per rank")
     return "\n".join(lines)
+
+
+def format_fleet(fleet: FleetStats) -> str:
+    """Several workers: the fleet's sums, one line per worker (and DP rank), then requests."""
+    answered = sum(worker.stats is not None for worker in fleet.workers)
+    lines = [f"fleet     {answered} of {len(fleet.workers)} workers answered"]
+    lines += _aggregate_lines(fleet.aggregates.model_dump())
+    lines += ["", f"{'worker':>21} {'rank':>4} {'w_max':>6} {'running':>7} {'finished':>8} "
+              f"{'aborted':>7} {'output':>7} {'accept':>6} {'coverage':>8} {'rows saved':>10}"]  # fmt: skip
+    for worker in fleet.workers:
+        if worker.stats is None:
+            lines.append(f"{worker.worker:>21} {'-':>4} unreachable: {worker.error}")
+            continue
+        rows = [("all", worker.stats.settings, worker.stats.aggregates)]
+        if len(worker.stats.ranks) > 1:
+            rows += [(rank.dp_rank, rank.settings, rank.aggregates) for rank in worker.stats.ranks]
+        for rank, settings, agg in rows:
+            saved = agg.lm_head_rows_saved_fraction
+            lines.append(
+                f"{worker.worker:>21} {rank:>4} {settings.w_max:>6} {agg.requests_running:>7} "
+                f"{agg.requests_finished:>8} {agg.requests_aborted:>7} {agg.output_tokens:>7} "
+                f"{_fmt(agg.accept_length_mean):>6} {_fmt(agg.coverage_mean, 3):>8} "
+                f"{'-' if saved is None else f'{saved:.1%}':>10}"
+            )
+    requests = [entry.model_dump(mode="json") for entry in fleet.requests]
+    return "\n".join([*lines, "", *_request_lines(requests, by_worker=True)])

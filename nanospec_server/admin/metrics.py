@@ -4,10 +4,18 @@ With `--enable-metrics` SGLang points `PROMETHEUS_MULTIPROC_DIR` at a shared dir
 before it spawns the schedulers, and its `/metrics` route merges every process's files.
 Series created here therefore show up on `/metrics` beside SGLang's own, with no HTTP
 work in the scheduler. Without `--enable-metrics` every call here is a no-op.
+
+Every series carries `worker` and `dp_rank`. Prometheus adds `instance` when it scrapes,
+but that is the scraper's address for the target (a service name, a pod IP, a relabelled
+value) and is lost or rewritten through federation and remote write; `worker` is the
+worker's own name, the same host:port that `nanospec stats --url ...` labels its rows with,
+so a fleet's series stay apart wherever they are collected and match the CLI's rows.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,27 +34,39 @@ class _Series:
     rows_saved: Any
     settings_changes: Any
     w_max: Any
+    worker: str
 
     @property
     def labels(self) -> dict[str, str]:
         # Read at use: the scheduler's parallel context is set after our hooks install.
         from sglang.srt.runtime_context import get_parallel
 
-        return {"dp_rank": str(get_parallel().dp_rank or 0)}
+        return {"worker": self.worker, "dp_rank": str(get_parallel().dp_rank or 0)}
 
 
 _SERIES: _Series | None = None
+WORKER_ENV = "NANOSPEC_WORKER_NAME"
 
 
-def enable() -> None:
-    """Create the series (once per scheduler process)."""
+def worker_name(host: str, port: int) -> str:
+    """The `worker` label: $NANOSPEC_WORKER_NAME, else host:port, with the machine's
+    hostname for a wildcard bind (in a compose file, the service's hostname)."""
+    if name := os.environ.get(WORKER_ENV):
+        return name
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def enable(worker: str) -> None:
+    """Create the series (once per scheduler process), labelled with this `worker`."""
     global _SERIES
     if _SERIES is not None:
         return
     # Imported here: prometheus_client picks its multiprocess storage at import time.
     from prometheus_client import Counter, Gauge, Histogram
 
-    names = ["dp_rank"]
+    names = ["worker", "dp_rank"]
     _SERIES = _Series(
         active_vocab=Histogram(
             f"{PREFIX}active_vocab_size",
@@ -80,6 +100,7 @@ def enable() -> None:
         w_max=Gauge(
             f"{PREFIX}w_max", "Window length W_max in force", names, multiprocess_mode="mostrecent"
         ),
+        worker=worker,
     )
 
 

@@ -55,7 +55,8 @@ class RequestEntry(BaseModel):
 
 class Aggregates(BaseModel):
     """Totals over the requests that ended since start (finished or aborted: the steps of
-    both ran), plus the requests running now."""
+    both ran), plus the requests running now. The raw sums travel along, so that figures
+    over several DP ranks or several workers (`combine`) are exact, not means of means."""
 
     requests_finished: int
     requests_aborted: int
@@ -63,6 +64,10 @@ class Aggregates(BaseModel):
     prompt_tokens: int
     output_tokens: int
     draft_steps: int
+    emitted_tokens: int = Field(0, description="tokens emitted by the draft steps (raw sum)")
+    covered_tokens: int = Field(0, description="of them, in the active vocabulary (raw sum)")
+    covered_by_head_tokens: int = Field(0, description="of them, in the head's own (raw sum)")
+    active_vocab_sum: int = Field(0, description="active vocabulary summed over steps (raw sum)")
     active_vocab_mean: float | None = Field(description="per draft step, over all requests")
     coverage_mean: float | None
     head_vocab_coverage_mean: float | None = None
@@ -81,33 +86,59 @@ class Aggregates(BaseModel):
         def total(name: str) -> int:
             return sum(rank["totals"][name] for rank in ranks)
 
-        steps, emitted = total("draft_steps"), total("emitted_tokens")
-        computed = total("lm_head_rows")
-        full = sum(rank["totals"]["lm_head_calls"] * rank["vocab_size"] for rank in ranks)
-
         def memory(name: str) -> int:
             return sum(rank.get("memory", {}).get(name, 0) for rank in ranks)
 
-        return cls(
+        return cls.from_sums(
             requests_finished=total("requests"),
             requests_aborted=total("aborted"),
             requests_running=sum(len(rank["running"]) for rank in ranks),
             prompt_tokens=total("prompt_tokens"),
             output_tokens=total("output_tokens"),
-            draft_steps=steps,
-            active_vocab_mean=total("active_vocab_sum") / steps if steps else None,
-            coverage_mean=total("covered_tokens") / emitted if emitted else None,
-            head_vocab_coverage_mean=(
-                total("covered_by_head_tokens") / emitted if emitted else None
+            draft_steps=total("draft_steps"),
+            emitted_tokens=total("emitted_tokens"),
+            covered_tokens=total("covered_tokens"),
+            covered_by_head_tokens=total("covered_by_head_tokens"),
+            active_vocab_sum=total("active_vocab_sum"),
+            lm_head_rows_computed=total("lm_head_rows"),
+            lm_head_rows_full_vocab=sum(
+                rank["totals"]["lm_head_calls"] * rank["vocab_size"] for rank in ranks
             ),
-            accept_length_mean=emitted / steps if steps else None,
-            lm_head_rows_computed=computed,
-            lm_head_rows_full_vocab=full,
-            lm_head_rows_saved_fraction=1 - computed / full if full else None,
             state_bytes=sum(rank["state_bytes"] for rank in ranks),
             state_bytes_in_use=memory("state_bytes_in_use"),
             state_bytes_idle=memory("state_bytes_idle"),
         )
+
+    @classmethod
+    def combine(cls, parts: list[Aggregates]) -> Aggregates:
+        """The aggregates of several workers (or ranks) together: sums summed, means derived."""
+        return cls.from_sums(
+            **{name: sum(getattr(part, name) for part in parts) for name in SUMMED_FIELDS}
+        )
+
+    @classmethod
+    def from_sums(cls, **sums: int) -> Aggregates:
+        """Every figure from the raw sums (`SUMMED_FIELDS`): the one place means are derived."""
+        steps, emitted = sums["draft_steps"], sums["emitted_tokens"]
+        computed, full = sums["lm_head_rows_computed"], sums["lm_head_rows_full_vocab"]
+        return cls(
+            **sums,
+            active_vocab_mean=sums["active_vocab_sum"] / steps if steps else None,
+            coverage_mean=sums["covered_tokens"] / emitted if emitted else None,
+            head_vocab_coverage_mean=(
+                sums["covered_by_head_tokens"] / emitted if emitted else None
+            ),
+            accept_length_mean=emitted / steps if steps else None,
+            lm_head_rows_saved_fraction=1 - computed / full if full else None,
+        )
+
+
+SUMMED_FIELDS = (
+    "requests_finished", "requests_aborted", "requests_running", "prompt_tokens",
+    "output_tokens", "draft_steps", "emitted_tokens", "covered_tokens",
+    "covered_by_head_tokens", "active_vocab_sum", "lm_head_rows_computed",
+    "lm_head_rows_full_vocab", "state_bytes", "state_bytes_in_use", "state_bytes_idle",
+)  # fmt: skip
 
 
 class RankStats(BaseModel):

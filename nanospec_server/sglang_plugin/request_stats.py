@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
 from torch import Tensor
 
 from nanospec_server.admin import metrics
@@ -30,6 +31,13 @@ from nanospec_server.sglang_plugin.step_timer import StepTimer
 STEPS, ACCEPTED, EMITTED, COVERED, ACTIVE_SUM, ACTIVE_MAX, ROWS_SUM, HEAD_CALLS = range(8)
 COVERED_BY_HEAD = 8
 NUM_COUNTERS = 9
+
+
+def is_health_check(rid: object) -> bool:
+    """SGLang's `/health` and `/health_generate` run a one-token generate under such a rid.
+    A router probes every worker every few seconds: counted, these would outnumber the real
+    requests of an idle fleet and drag every mean towards one-token prompts."""
+    return isinstance(rid, str) and rid.startswith(HEALTH_CHECK_RID_PREFIX)
 
 
 def history_size() -> int:
@@ -158,8 +166,10 @@ class RequestStats:
             self.w_max_published = w_max
         now = time.time()
         for req in reqs:
-            if req.rid in self.finished:
-                continue  # with the overlap schedule a finished request can be emitted twice
+            if req.rid in self.finished or is_health_check(req.rid):
+                # with the overlap schedule a finished request can be emitted twice; a
+                # health check is never noted, so it is never filed, counted or observed
+                continue
             # A request that ends at its first output (one new token, an EOS at once) is
             # noted too: this chunk's snapshot files it.
             in_force = w_max_of(req) if w_max_of is not None else w_max

@@ -39,7 +39,7 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
     from nanospec_server.sglang_plugin import live_settings, output_streamer
 
     if server_args.enable_metrics:
-        metrics.enable()
+        metrics.enable(metrics.worker_name(server_args.host, server_args.port))
     from nanospec_server.sglang_plugin.draft_worker import (
         NanoSpecEagleDraftWorker,
         NanoSpecStandaloneDraftWorker,

@@ -25,6 +25,9 @@ def nanospec(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 DEAD_URL = f"http://127.0.0.1:{free_port()}"
 BAD_COMMANDS = [
     (["stats", "--url", "localhost:30000"], "--url"),
+    (["stats", "--url", f"{DEAD_URL},localhost:30000"], "--url"),  # one of a fleet
+    (["stats", "--url", DEAD_URL, "--url", DEAD_URL.replace("http", "https")], "--url"),
+    (["config", "set", "w_max", "64", "--url", f"{DEAD_URL},x", "--admin-key", "k"], "--url"),
     (["stats", "--url", DEAD_URL], "--url"),
     (["stats", "--url", DEAD_URL, "--limit", "0"], "--limit"),
     (["stats", "--url", DEAD_URL, "--watch", "-1"], "--watch"),

@@ -83,3 +83,48 @@ def test_compose_file(name: str, dockerfile: str) -> None:
     devices = service.get("deploy", {}).get("resources", {}).get("reservations", {})
     gpu = any("gpu" in d["capabilities"] for d in devices.get("devices", []))
     assert gpu == (dockerfile == "Dockerfile")
+
+
+FLEETS = {
+    "deploy/compose.fleet.yaml": "Dockerfile",
+    "deploy/compose.fleet.cpu.yaml": "Dockerfile.cpu",
+}
+
+
+@pytest.mark.parametrize(("name", "dockerfile"), FLEETS.items())
+def test_fleet_compose_file(name: str, dockerfile: str) -> None:
+    """N replicas of one image and key behind a router that names each of them; every port
+    on this host only; on a GPU host each replica has a GPU of its own."""
+    from sglang_router.launch_router import parse_router_args
+
+    compose = yaml.safe_load((ROOT / name).read_text())
+    services = compose["services"]
+    router = services.pop("router")
+    assert len(services) >= 2 and all(name.startswith("worker-") for name in services)
+    gpus = []
+    for worker_name, worker in services.items():
+        build = worker["build"]
+        path = ROOT / "deploy" / build["context"] / build["dockerfile"]
+        assert path.resolve() == ROOT / dockerfile
+        assert worker["image"] == router["image"] and worker["build"] == router["build"]
+        assert worker["hostname"] == worker_name  # the `worker` label of its series
+        assert worker["secrets"] == ["admin_key"] and "admin_key" in compose["secrets"]
+        assert worker["environment"]["NANOSPEC_ADMIN_KEY_FILE"] == "/run/secrets/admin_key"
+        assert "/health" in " ".join(worker["healthcheck"]["test"])
+        assert "models:/models" in worker["volumes"] and "models" in compose["volumes"]
+        [port] = worker["ports"]
+        assert port.startswith("127.0.0.1:") and port.endswith(":30000")
+        devices = worker.get("deploy", {}).get("resources", {}).get("reservations", {})
+        gpus += [tuple(d["device_ids"]) for d in devices.get("devices", [])]
+    assert len(set(gpus)) == (len(services) if dockerfile == "Dockerfile" else 0)
+
+    assert router["entrypoint"] == ["python3", "-m", "sglang_router.launch_router"]
+    args = parse_router_args(router["command"])  # the router's own parser
+    assert args.worker_urls == [f"http://{worker}:30000" for worker in services]
+    assert args.policy in ("cache_aware", "round_robin") and args.port == 30000
+    assert router["ports"] == ["127.0.0.1:30000:30000"]
+    assert {w: c["condition"] for w, c in router["depends_on"].items()} == dict.fromkeys(
+        services, "service_healthy"
+    )
+    published = [worker["ports"][0] for worker in services.values()] + router["ports"]
+    assert len({port.split(":")[1] for port in published}) == len(published)

@@ -92,3 +92,21 @@ def test_an_aborted_request_is_filed_as_aborted_and_counted_apart() -> None:
     assert (totals.requests, totals.aborted) == (1, 1)
     # both ran their steps: the sums cover both
     assert (totals.prompt_tokens, totals.output_tokens) == (5, 5)
+
+
+def test_health_checks_never_enter_the_statistics(monkeypatch) -> None:
+    observed: list[dict] = []
+    monkeypatch.setattr(
+        "nanospec_server.admin.metrics.observe_finished", lambda entry, _: observed.append(entry)
+    )
+    stats = RequestStats(num_slots=4, vocab_size=100, device=torch.device("cpu"))
+    # SGLang's /health_generate rid, and a user's rid that merely contains the words
+    reqs = [Req("HEALTH_CHECK_0a1b2c", [0]), Req("user-HEALTH_CHECK", [1, 2])]
+    stats.track(reqs, w_max=64)
+    assert list(stats.running) == ["user-HEALTH_CHECK"]
+    for i, req in enumerate(reqs):
+        req.output_ids, req.done = [7], True
+        stats.remember_finished(req.rid, stats.snapshot([i], [3], [2])[0])
+    assert list(stats.finished) == ["user-HEALTH_CHECK"]
+    assert (stats.totals.requests, stats.totals.prompt_tokens) == (1, 2)
+    assert [entry["rid"] for entry in observed] == ["user-HEALTH_CHECK"]
