@@ -59,9 +59,10 @@ def main() -> None:
                  for r in records if r["answer_ids"]]  # fmt: skip
     weight = model.lm_head.weight.detach()
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    backbone_ms = json.loads(args.latency.read_text())["breakdown"]["backbone"]
+    timed = json.loads(args.latency.read_text())["breakdown"]
+    backbone_ms, head_dtype = timed["backbone"], getattr(torch, timed["dtype"])
     problem = PriorProblem(sequences, ranked_tokens(tokenizer), eos, weight.shape[0], backbone_ms,
-                           HeadTimer(weight), args.w_max, args.step_tokens)  # fmt: skip
+                           HeadTimer(weight.to(head_dtype)), args.w_max, args.step_tokens)  # fmt: skip
     rows = [problem.evaluate(k) for k in args.k]
     (args.out / "holdout.json").write_text(json.dumps({"rows": rows, "prompts": [r["id"] for r in records],
                                                        "settings": {k: str(v) for k, v in vars(args).items()}}, indent=2))  # fmt: skip

@@ -217,7 +217,8 @@ def prior_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(
             "--answers: needs prompt_ids and answer_ids per line (`nanospec vocab answers`)"
         )
-    backbone_ms = json.loads(args.latency.read_text())["breakdown"]["backbone"]
+    timed = json.loads(args.latency.read_text())["breakdown"]
+    backbone_ms, head_dtype = timed["backbone"], getattr(torch, timed["dtype"])
     torch.set_num_threads(1)
     model_dir = resolve_target(args.target)
     tokenizer = load_tokenizer(model_dir)
@@ -225,10 +226,10 @@ def prior_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     sequences = [Sequence(r["prompt_ids"], r["answer_ids"],
                           target_topk(model, r["prompt_ids"] + r["answer_ids"], 3))
                  for r in tqdm(records, desc="target top-3", unit="answer") if r["answer_ids"]]  # fmt: skip
-    weight = model.lm_head.weight.detach()
+    weight = model.lm_head.weight.detach()  # top-3 in fp32; the head timed as bench latency ran
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     problem = PriorProblem(sequences, ranked_tokens(tokenizer), eos, weight.shape[0], backbone_ms,
-                           HeadTimer(weight), args.w_max, args.step_tokens, args.alpha,
+                           HeadTimer(weight.to(head_dtype)), args.w_max, args.step_tokens, args.alpha,
                            args.min_coverage)  # fmt: skip
     search = problem.search(args.max_k, args.trials, args.seed, [k for k in args.compare if k > 0])
     compared = [problem.evaluate(k) for k in args.compare]
