@@ -35,20 +35,57 @@ class CoverageCurve:
     ranked: list[int]  # always-kept ids first, then by count (ties by id)
     cumulative: np.ndarray  # cumulative[k] = answer tokens among ranked[:k]; [len(ranked) + 1]
     total: int  # answer tokens counted
+    vocab_size: int | None = None  # the whole vocabulary covers everything
 
     def coverage(self, k: int) -> float:
+        if self.vocab_size is not None and k >= self.vocab_size:
+            return 1.0
         return float(self.cumulative[min(max(k, 0), len(self.ranked))]) / self.total
 
 
-def coverage_curve(counts: Counter[int], always: Iterable[int] = ()) -> CoverageCurve:
-    total = sum(counts.values())
+def coverage_curve(
+    counts: Counter[int],
+    always: Iterable[int] = (),
+    evaluated: Counter[int] | None = None,
+    vocab_size: int | None = None,
+) -> CoverageCurve:
+    """Tokens ranked by ``counts``; coverage counted over ``evaluated`` (default: the same
+    tokens, in-sample as in the paper; held-out answers give an unbiased estimate)."""
+    evaluated = counts if evaluated is None else evaluated
+    total = sum(evaluated.values())
     if total == 0:
         raise ValueError("the corpus holds no answer tokens")
     kept = list(dict.fromkeys(always))
     pinned = set(kept)
     kept += sorted((t for t in counts if t not in pinned), key=lambda t: (-counts[t], t))
-    cumulative = np.concatenate([[0], np.cumsum([counts.get(t, 0) for t in kept])])
-    return CoverageCurve(kept, cumulative, total)
+    cumulative = np.concatenate([[0], np.cumsum([evaluated.get(t, 0) for t in kept])])
+    return CoverageCurve(kept, cumulative, total, vocab_size)
+
+
+@dataclass(frozen=True)
+class HeldOutCoverage:
+    """C(k) by cross-fitting: for each fold, tokens ranked on the other folds' answers and
+    counted on its own; the mean over folds. ``ranked`` (what a map keeps) uses all answers.
+
+    In-sample, the top k of a small corpus covers it wholly as soon as k reaches the
+    corpus's distinct tokens, which says nothing about the next answer."""
+
+    ranked: list[int]
+    folds: list[CoverageCurve]
+
+    def coverage(self, k: int) -> float:
+        return sum(f.coverage(k) for f in self.folds) / len(self.folds)
+
+
+def held_out_coverage(
+    per_answer: list[Counter[int]], folds: int, always: Iterable[int], vocab_size: int
+) -> HeldOutCoverage:
+    if len(per_answer) < folds:
+        raise ValueError(f"{len(per_answer)} answers cannot make {folds} folds")
+    parts = [sum(per_answer[f::folds], Counter()) for f in range(folds)]
+    everything = sum(parts, Counter())
+    curves = [coverage_curve(everything - part, always, part, vocab_size) for part in parts]
+    return HeldOutCoverage(coverage_curve(everything, always).ranked, curves)
 
 
 def count_tokens(tokenizer, answers: Iterable[str]) -> Counter[int]:
@@ -216,7 +253,7 @@ def tpe_maximise(
 class TrimProblem:
     """Everything `trim` needs: the coverage curve and the draft's latency model."""
 
-    curve: CoverageCurve
+    curve: CoverageCurve | HeldOutCoverage
     shape: DraftShape
     tree: TreeShape = TreeShape()
     context: int = 512

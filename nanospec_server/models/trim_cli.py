@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 
 from nanospec_server.models.trim import DEFAULT_ALPHA
@@ -51,6 +52,9 @@ def add_vocab_commands(commands: argparse._SubParsersAction) -> None:
     trim.add_argument("--context", type=_positive, default=512, help="KV context for attention")
     trim.add_argument("--calibration", type=Path,
                       help="latency model from `nanospec vocab calibrate` (default: FLOPs alone)")  # fmt: skip
+    trim.add_argument("--folds", type=_positive, default=1,
+                      help="coverage held out: ranked on the other folds of the answers, counted "
+                           "on each (default 1: in-sample, the paper's)")  # fmt: skip
     trim.add_argument("--output", type=Path, required=True, help="token map to write (.pt)")
     trim.set_defaults(func=lambda args: trim_command(args, trim))
 
@@ -115,24 +119,28 @@ def trim_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         if not args.calibration.is_file():
             parser.error(f"--calibration: no such file: {args.calibration}")
         latency = trim.LatencyModel(**json.loads(args.calibration.read_text())["model"])
+    shape = trim.DraftShape.from_config(json.loads(config_path.read_text()))
+    always = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     try:
-        counts = trim.count_tokens(tokenizer, assistant_texts(args.answers))
-        always = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        per_answer = [trim.count_tokens(tokenizer, [a]) for a in assistant_texts(args.answers)]
+        counts = sum(per_answer, Counter())
         curve = trim.coverage_curve(counts, always)
+        if args.folds > 1:
+            curve = trim.held_out_coverage(per_answer, args.folds, always, shape.vocab_size)
     except ValueError as error:
         parser.error(f"--answers: {error}")
-    shape = trim.DraftShape.from_config(json.loads(config_path.read_text()))
     problem = trim.TrimProblem(curve, shape, trim.TreeShape(args.steps, args.topk), args.context,
                                latency, args.alpha, args.min_coverage)  # fmt: skip
     search = trim.trim(problem, args.trials, args.seed)  # V covers all: a size always fits
-    ids = curve.ranked[: search.best_k]
+    ids = list(curve.ranked[: search.best_k])
     if len(ids) < search.best_k:  # a size past the corpus vocabulary: fill with unseen ids
         seen = set(ids)
         ids += [t for t in range(shape.vocab_size) if t not in seen][: search.best_k - len(ids)]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     torch.save(ids, args.output)
     summary = {"best": problem.row(search.best_k), "full": problem.row(shape.vocab_size),
-               "exhaustive_check_k": trim.exhaustive_best(problem), "answer_tokens": curve.total,
+               "exhaustive_check_k": trim.exhaustive_best(problem), "folds": args.folds,
+               "answer_tokens": sum(counts.values()),
                "distinct_answer_tokens": len(counts), "alpha": args.alpha,
                "min_coverage": args.min_coverage, "tree": vars(problem.tree) | {},
                "latency_model": vars(latency), "trials": search.trials}  # fmt: skip

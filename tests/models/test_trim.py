@@ -28,6 +28,7 @@ from nanospec_server.models.trim import (
     count_tokens,
     coverage_curve,
     exhaustive_best,
+    held_out_coverage,
     round_flops,
     tpe_maximise,
     trim,
@@ -62,6 +63,23 @@ def test_coverage_matches_counting_the_kept_tokens(tokens: list[int], always: li
     free = Counter(t for t in tokens if t not in set(always))
     ranked_free = [t for t in curve.ranked if t not in set(always)]
     assert [free[t] for t in ranked_free] == sorted((free[t] for t in ranked_free), reverse=True)
+
+
+def test_held_out_coverage_ranks_on_other_folds_and_counts_on_its_own() -> None:
+    answers = [[5, 5, 6], [7, 7, 7, 5], [6, 6, 8], [5, 9]]  # folds: answers 0, 2 | 1, 3
+    held = held_out_coverage([Counter(a) for a in answers], 2, always=[1], vocab_size=100)
+    assert held.ranked == [1, 5, 6, 7, 8, 9]  # all answers: 5 x4, 6 x3, 7 x3, 8, 9
+    fold_a, fold_b = answers[0] + answers[2], answers[1] + answers[3]
+    # fold a is counted on a ranking of fold b (EOS, 7, 5, 9) and the other way round
+    rank_b, rank_a = [1, 7, 5, 9], [1, 6, 5, 8]
+    for k in range(7):
+        expected = (
+            plain_coverage(fold_a, set(rank_b[:k])) + plain_coverage(fold_b, set(rank_a[:k]))
+        ) / 2
+        assert held.coverage(k) == pytest.approx(expected), k
+    assert held.coverage(100) == 1.0  # the whole vocabulary holds every token
+    with pytest.raises(ValueError):
+        held_out_coverage([Counter([5])], 2, [], 100)
 
 
 def test_tokens_are_counted_over_the_answers_only(tmp_path) -> None:
