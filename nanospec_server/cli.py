@@ -15,6 +15,7 @@ from nanospec_server.bench.cli import add_bench_command
 from nanospec_server.config import CONFIG_ENV, DEFAULT_HISTORY, HISTORY_ENV, Mode, NanoSpecConfig
 from nanospec_server.models.cli import add_models_commands
 from nanospec_server.models.errors import ModelPrepareError
+from nanospec_server.models.trim_cli import add_vocab_commands
 from nanospec_server.train.cli import add_train_command
 
 UVICORN_STARTUP_FAILURE = 3  # uvicorn's exit code when it cannot start, e.g. bind the port
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_command(commands)
     add_admin_commands(commands)
     add_bench_command(commands)
+    add_vocab_commands(commands)
     return parser
 
 

@@ -66,10 +66,14 @@ class BenchSettings:
     mem_fraction_static: float = 0.9
     specbench: str | None = None
     token_map_corpus: list[str] = field(default_factory=list)
+    tpe_token_map: str | None = None  # `nanospec vocab trim`'s map: one more static config
     tiny: bool = False
 
     def digest(self) -> str:
-        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]  # fmt: skip
+        values = dataclasses.asdict(self)
+        if values["tpe_token_map"] is None:  # runs from before the field keep their directory
+            del values["tpe_token_map"]
+        return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def default_run_dir(settings: BenchSettings) -> Path:
@@ -107,9 +111,9 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
     if "static" in settings.modes:
         corpus = [Path(p) for p in settings.token_map_corpus] or default_token_map_corpus()
         token_maps = build_token_maps(target, settings.static_ks, vocab_size, run_dir, corpus)
-    configs = build_configs(
-        drafts, settings.modes, settings.static_ks, settings.w_maxes, token_maps, settings.prior_ks
-    )
+    tpe_map = Path(settings.tpe_token_map) if settings.tpe_token_map else None
+    configs = build_configs(drafts, settings.modes, settings.static_ks, settings.w_maxes,
+                            token_maps, settings.prior_ks, tpe_map)  # fmt: skip
     references = {c.name: full_vocab_reference(configs, c) for c in configs}
     anchors = [AR] + [n for n in dict.fromkeys(references.values()) if n]
     config_groups = groups([c.name for c in configs], anchors, settings.max_servers)

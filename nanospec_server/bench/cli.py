@@ -115,6 +115,9 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--token-map-corpus", nargs="+", help="FR-Spec corpus (default: Python stdlib)"
     )
+    run.add_argument("--tpe-token-map", type=Path,
+                     help="a token map from `nanospec vocab trim`: adds <draft>-static-tpe "
+                          "beside the FR-Spec sizes (static mode)")  # fmt: skip
     run.add_argument("--out", type=Path, help="run directory (default: derived from the settings; "
                                               "rerunning the same command resumes it)")  # fmt: skip
     run.add_argument("--tiny", action="store_true", help="tiny offline models (fp32)")
@@ -182,11 +185,16 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
              "limit_per_task": args.limit_per_task, "seed": args.seed, "repeats": args.repeats,
              "concurrency": args.concurrency, "max_new_tokens": args.max_new_tokens,
              "dtype": args.dtype, "max_servers": args.max_servers,
-             "max_total_tokens": args.max_total_tokens, "token_map_corpus": args.token_map_corpus}  # fmt: skip
+             "max_total_tokens": args.max_total_tokens, "token_map_corpus": args.token_map_corpus,
+             "tpe_token_map": str(args.tpe_token_map.resolve()) if args.tpe_token_map else None}  # fmt: skip
     values |= {k: v for k, v in given.items() if v is not None}
     if args.tiny:
         values["tiny"] = True
     settings = BenchSettings(**values)
+    if args.tpe_token_map and not args.tpe_token_map.is_file():
+        parser.error(f"--tpe-token-map: no such file: {args.tpe_token_map}")
+    if args.tpe_token_map and "static" not in settings.modes:
+        parser.error("--tpe-token-map: needs the static mode among --modes")
     if not settings.standalone and not settings.eagle:
         parser.error("--standalone/--eagle: give at least one draft")
     return settings

@@ -5,7 +5,9 @@ only in speculation: plain decoding (``ar``), a draft (EAGLE head or STANDALONE 
 with the full vocabulary, FR-Spec static top-k, NanoSpec, and the paper's ablations.
 Names read ``<draft>-<mode>[-<size>]``: ``standalone-static-32k``, ``eagle-nanospec-w512``;
 the hybrid vocabulary (window plus a static prior of k tokens, ``--nanospec-prior-k``)
-adds ``-p<k>``: ``standalone-nanospec-p2048``. Several drafts of one kind are numbered
+adds ``-p<k>``: ``standalone-nanospec-p2048``. A token map from `nanospec vocab trim`
+(coverage-latency trimming, TPE) is one more static configuration: ``eagle-static-tpe``.
+Several drafts of one kind are numbered
 (``eagle2-full``), several tree shapes tagged (``eagle_4x4x8-full``).
 """
 
@@ -84,9 +86,11 @@ def build_configs(
     w_maxes: list[int],
     token_maps: dict[int, Path],
     prior_ks: list[int] = (0,),
+    tpe_token_map: Path | None = None,
 ) -> list[BenchConfig]:
-    """``ar`` first, then per draft: each mode; `static` once per k, `nanospec` once per
-    W_max and prior k (the default W_max and k = 0 keep the plain name)."""
+    """``ar`` first, then per draft: each mode; `static` once per k (and once with the
+    TPE-trimmed map, if given), `nanospec` once per W_max and prior k (the default W_max
+    and k = 0 keep the plain name)."""
     configs = [BenchConfig(AR)]
     for draft in drafts:
         spec = speculative_flags(draft.algorithm, draft.path, draft.steps, draft.topk, draft.tokens)
@@ -97,6 +101,11 @@ def build_configs(
                     flags += ["--speculative-token-map", str(token_maps[k])]
                     name = f"{draft.label}-static-{size_label(k)}"
                     configs.append(BenchConfig(name, draft, mode, static_k=k, flags=tuple(flags)))
+                if tpe_token_map is not None:
+                    flags = [*spec, "--nanospec-mode", "static"]
+                    flags += ["--speculative-token-map", str(tpe_token_map)]
+                    name = f"{draft.label}-static-tpe"
+                    configs.append(BenchConfig(name, draft, mode, flags=tuple(flags)))
                 continue
             sweep = mode == "nanospec"
             for w in w_maxes if sweep else [DEFAULT_W_MAX]:

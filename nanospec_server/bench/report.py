@@ -199,7 +199,9 @@ def _sweep_figures(run_dir: Path, table: dict, plt) -> list[Path]:
     for draft in {n.split("-", 1)[0] for n in table if n != AR}:
         full = table.get(f"{draft}-full", {}).get(OVERALL)
         static = sorted(
-            (int(_k(n)), table[n][OVERALL]) for n in table if n.startswith(f"{draft}-static-")
+            (int(_k(n)), table[n][OVERALL])
+            for n in table
+            if n.startswith(f"{draft}-static-") and n != f"{draft}-static-tpe"
         )
         if full and static and full["accept_length"]:
             fig, ax = plt.subplots(figsize=(5, 3), dpi=80)
@@ -212,9 +214,10 @@ def _sweep_figures(run_dir: Path, table: dict, plt) -> list[Path]:
             ax.plot(ks, actual, "o-", label="actual")
             ax.plot(ks, oracle, "s--", label="oracle (full-vocab acceptance)")
             ax.axhline(full["tokens_per_s"], color="gray", ls=":", label="full vocabulary")
-            for n in table:  # NanoSpec where its mean LM-head rows put it on the same axis
+            for n in table:  # NanoSpec and the TPE-trimmed map where their rows put them
                 x = table[n][OVERALL]
-                if n.startswith(f"{draft}-nanospec") and x["lm_head_rows"] and x["tokens_per_s"]:
+                own_size = n.startswith(f"{draft}-nanospec") or n == f"{draft}-static-tpe"
+                if own_size and x["lm_head_rows"] and x["tokens_per_s"]:
                     ax.plot(x["lm_head_rows"], x["tokens_per_s"], "*", ms=10, label=n)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("draft vocabulary size (LM-head rows)")

@@ -102,3 +102,40 @@ def test_cpu_report_is_the_documented_run_and_flags_still_win(capsys) -> None:
         with pytest.raises(SystemExit):
             parse("--cpu-report", *conflicting)
         assert "--cpu-report" in capsys.readouterr().err
+
+
+def test_a_tpe_token_map_adds_one_static_config_per_draft(tmp_path: Path) -> None:
+    eagle, standalone = Draft("EAGLE", tmp_path), Draft("STANDALONE", tmp_path)
+    maps = {32768: tmp_path / "token_map_32k.pt"}
+    tpe_map = tmp_path / "trimmed.pt"
+    configs = build_configs([eagle, standalone], ["full", "static", "nanospec"], [32768], [3072],
+                            maps, [0, 2048], tpe_map)  # fmt: skip
+    by_name = {c.name: c for c in configs}
+    assert [c.name for c in configs] == [
+        "ar", "eagle-full", "eagle-static-32k", "eagle-static-tpe", "eagle-nanospec",
+        "eagle-nanospec-p2048", "standalone-full", "standalone-static-32k",
+        "standalone-static-tpe", "standalone-nanospec", "standalone-nanospec-p2048",
+    ]  # fmt: skip
+    tpe = by_name["eagle-static-tpe"]
+    assert tpe.mode == "static" and flag(tpe, "--nanospec-mode") == "static"
+    assert flag(tpe, "--speculative-token-map") == str(tpe_map)
+    assert flag(by_name["eagle-static-32k"], "--speculative-token-map") == str(maps[32768])
+    assert full_vocab_reference(configs, tpe) == "eagle-full"
+    # without a map, nothing changes
+    plain = build_configs([eagle], ["static"], [32768], [3072], maps)
+    assert [c.name for c in plain] == ["ar", "eagle-static-32k"]
+
+
+def test_cli_tpe_token_map(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    trimmed = tmp_path / "trimmed.pt"
+    trimmed.write_bytes(b"")
+    settings = parse("--tpe-token-map", str(trimmed), "--modes", "full", "static")
+    assert settings.tpe_token_map == str(trimmed.resolve())
+    assert parse().tpe_token_map is None
+    assert parse().digest() == parse().digest()
+    for argv, message in ((["--tpe-token-map", str(tmp_path / "missing.pt")], "no such file"),
+                          (["--tpe-token-map", str(trimmed), "--modes", "full"], "static")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            parse(*argv)
+        err = capsys.readouterr().err
+        assert "--tpe-token-map" in err and message in err

@@ -12,7 +12,7 @@ from nanospec_server.bench.summary import OVERALL, lossless, summarize
 
 REFS = {"ar": None, "eagle-full": None, "eagle-nanospec": "eagle-full",
         "eagle-static-32k": "eagle-full", "eagle-ctx-only": "eagle-full",
-        "eagle-nanospec-p512": "eagle-full"}  # fmt: skip
+        "eagle-nanospec-p512": "eagle-full", "eagle-static-tpe": "eagle-full"}  # fmt: skip
 
 
 def stats(coverage: float, active: float, rows: float) -> dict:
@@ -29,9 +29,9 @@ def item(prompt: str, task: str, out: list[int], latency: float, accept=None, st
 def records() -> list[dict]:
     """Two prompts; each config's seconds per prompt are the AR seconds / speed-up."""
     speed = {"ar": 1.0, "eagle-full": 2.0, "eagle-nanospec": 3.0, "eagle-static-32k": 2.5, "eagle-ctx-only": 2.2,
-             "eagle-nanospec-p512": 2.4}  # fmt: skip
+             "eagle-nanospec-p512": 2.4, "eagle-static-tpe": 2.6}  # fmt: skip
     accept = {"ar": None, "eagle-full": 3.0, "eagle-nanospec": 2.9, "eagle-static-32k": 2.5, "eagle-ctx-only": 2.0,
-              "eagle-nanospec-p512": 2.95}  # fmt: skip
+              "eagle-nanospec-p512": 2.95, "eagle-static-tpe": 2.7}  # fmt: skip
     out = []
     for config, s in speed.items():
         for prompt, task in (("qa/1", "qa"), ("code/2", "code")):
@@ -121,6 +121,8 @@ def test_report_writes_tables_and_figures(tmp_path: Path) -> None:
     assert "| eagle-nanospec | 6.00 | 3.00x [3.00-3.00] | 1.50x [1.50-1.50] |" in text
     assert "Ablations (Table 5)" in text and "eagle-ctx-only" in text
     assert "| eagle-static-32k | 2 | 1 |" in text
+    assert "| eagle-static-tpe | 5.20 | 2.60x" in text  # the trimmed map: a size of its own
+    assert (tmp_path / "fig1a_eagle.png").stat().st_size > 1000
     # The hybrid vocabulary beside its k = 0 base: prior k, coverage, accept, rows, tok/s.
     assert "Hybrid vocabulary" in text
     assert "| eagle-nanospec | 0 | 0.900 | 2.90 | 600 | 6.00 | 3.00x" in text
