@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,30 +56,50 @@ def running_server_processes(
     """`running_servers`, yielding each URL with its `nanospec serve` process (for tests
     of how that process ends)."""
     started: list[subprocess.Popen] = []
+    with exit_on_sigterm():
+        try:
+            pending = [(name, *_start(*spec, started)) for name, spec in servers.items()]
+            running = {}
+            for name, url, process in pending:
+                args, log_path = servers[name]
+                attempt = 1
+                while not _wait_until_healthy(url, process, log_path):
+                    if attempt == PORT_ATTEMPTS:
+                        raise ServerFailed(f"no free port in {attempt} tries:\n{_tail(log_path)}")
+                    # The port was free when picked, but another process bound it first.
+                    url, process = _start(args, log_path, started)
+                    attempt += 1
+                running[name] = (url, process)
+            yield running
+        finally:
+            for process in started:
+                # SIGINT is what a user's Ctrl-C sends; the CLI must stop SGLang's children too.
+                _signal_group(process, signal.SIGINT)
+            for process in started:
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    _signal_group(process, signal.SIGKILL)
+                    process.wait()
+
+
+@contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit(143) while inside, so that cleanup runs: the servers
+    live in sessions of their own, and a bench stopped by SIGTERM (`timeout`, a job
+    runner) would otherwise leave them running. Off the main thread it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
     try:
-        pending = [(name, *_start(*spec, started)) for name, spec in servers.items()]
-        running = {}
-        for name, url, process in pending:
-            args, log_path = servers[name]
-            attempt = 1
-            while not _wait_until_healthy(url, process, log_path):
-                if attempt == PORT_ATTEMPTS:
-                    raise ServerFailed(f"no free port in {attempt} tries:\n{_tail(log_path)}")
-                # The port was free when picked, but another process bound it first.
-                url, process = _start(args, log_path, started)
-                attempt += 1
-            running[name] = (url, process)
-        yield running
+        yield
     finally:
-        for process in started:
-            # SIGINT is what a user's Ctrl-C sends; the CLI must stop SGLang's children too.
-            _signal_group(process, signal.SIGINT)
-        for process in started:
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                _signal_group(process, signal.SIGKILL)
-                process.wait()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _start(args: list[str], log_path: Path, started: list[subprocess.Popen]):
