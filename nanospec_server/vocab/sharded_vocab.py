@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nanospec_server import ops
 from nanospec_server.ops import bitmap
 from nanospec_server.vocab.dynamic_vocab import DynamicVocab
 from nanospec_server.vocab.union_head import UnionHead
@@ -72,7 +73,7 @@ class ShardedUnionHead:
     """One ``UnionHead`` per shard, bookkept on every rank; rows only for this rank's.
 
     Quacks like ``UnionHead`` for ``DynamicVocab``: ``buf`` and ``count`` are this rank's,
-    ``ids`` is the token of every gathered column, ``dropped``/``overflows`` sum all shards.
+    ``ids`` is the token of every gathered column SGLang keeps, ``dropped``/``overflows`` sum all shards.
     """
 
     def __init__(
@@ -107,7 +108,9 @@ class ShardedUnionHead:
         self.buf, self.count, self.weight = own.buf, own.count, local_weight
         self.capacity = self.width
         self.num_pinned = len(set(pinned))
-        self.ids = torch.full((layout.size * self.width,), -1, dtype=torch.int64, device=device)
+        # One entry per gathered column that SGLang keeps (it trims those past V).
+        columns = min(layout.size * self.width, layout.vocab_size)
+        self.ids = torch.full((columns,), -1, dtype=torch.int64, device=device)
         self._update_ids()
         # Pinned rows never move: their columns are allowed for every request.
         self.pinned_columns = torch.zeros_like(self.ids, dtype=torch.bool)
@@ -185,11 +188,15 @@ class ShardedVocab(DynamicVocab):
         self._wait_for_refresh()
         return self.head.buf[: self.head.width], self.head.own_ids()
 
+    def _note_rows_read(self, rows: Tensor) -> None:
+        """Rows the TP group multiplies: every shard's live rows where the kernel skips
+        the rest (each rank knows every shard's count), else every rank's full width."""
+        if self.static_shapes and not ops.packed_logits_reads_live_rows_only(rows):
+            self._rows_read = self.layout.size * self.head.width
+        else:
+            self._rows_read = sum(head.count for head in self.head.shards).clone()
+
     def _allowed(self, ids: Tensor, row_slots: Tensor) -> Tensor:
         rows = row_slots.to(self.device, torch.int64).unsqueeze(1)
         allowed = bitmap.test(self.window.in_set, rows, ids.clamp(min=0)) & (ids >= 0)
         return allowed | self.head.pinned_columns[: len(ids)]
-
-    def gathered_width(self) -> int:
-        """Columns of the gathered logits, after SGLang trims those past V."""
-        return min(self.layout.size * self.head.width, self.layout.vocab_size)
