@@ -13,10 +13,12 @@ trees, the hybrid prior and STANDALONE.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from nanospec_server.bench.server import speculative_flags
+from nanospec_server.bench.server import ServerFailed, speculative_flags
 from tests.serving.conftest import generate_all
 from tests.serving.test_nanospec_modes import (
     CHAIN_PROMPTS,
@@ -41,7 +43,11 @@ SLOW_CASES = [
     for tree in ["topk1", "topk2"]
     if (mode, tree) not in CI_CASES
 ]
-CASES = CI_CASES + [pytest.param(*case, marks=pytest.mark.slow) for case in SLOW_CASES]
+SLOW = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get("NANOSPEC_SLOW") != "1", reason="NANOSPEC_SLOW=1"),
+]
+CASES = CI_CASES + [pytest.param(*case, marks=SLOW) for case in SLOW_CASES]
 
 
 def outputs(url: str) -> list[list[int]]:
@@ -94,6 +100,7 @@ def check_static_rows(stats: dict, token_map_path: str) -> None:
 
 
 @pytest.mark.slow
+@SLOW[1]
 def test_tp2_hybrid_prior_is_lossless(serve, plain_tp2) -> None:
     flags = speculative_flags("EAGLE", "agree-eagle", NUM_STEPS, 2, 6)
     flags += ["--nanospec-mode", "nanospec", "--nanospec-prior-k", "32"]
@@ -102,6 +109,7 @@ def test_tp2_hybrid_prior_is_lossless(serve, plain_tp2) -> None:
 
 
 @pytest.mark.slow
+@SLOW[1]
 @pytest.mark.parametrize("mode", ["static", "nanospec"])
 def test_tp2_standalone_is_lossless(serve, plain_tp2, token_map, mode) -> None:  # noqa: F811
     flags = speculative_flags("STANDALONE", "agree-standalone", NUM_STEPS, 1, NUM_STEPS + 1)
@@ -109,3 +117,22 @@ def test_tp2_standalone_is_lossless(serve, plain_tp2, token_map, mode) -> None: 
     flags += ["--speculative-token-map", token_map] if mode == "static" else []
     with serve("agree-target", flags + TP2) as url:
         assert outputs(url) == plain_tp2
+
+
+def eagle3_flags(mode: str) -> list[str]:
+    flags = speculative_flags("EAGLE3", "tiny-eagle3", NUM_STEPS, 2, 6)
+    return flags + ["--nanospec-mode", mode] + TP2
+
+
+@pytest.mark.slow
+@SLOW[1]
+def test_tp2_eagle3_static_is_lossless_and_dynamic_is_refused(serve) -> None:
+    """A pruned EAGLE-3 head is sharded over its own D by SGLang and gathered whole, so
+    its d2t list applies as at TP 1; its dynamic modes are refused, naming the flag."""
+    with serve("tiny-target", []) as url:
+        expected = outputs(url)
+    with serve("tiny-target", eagle3_flags("static")) as url:
+        assert outputs(url) == expected
+    with pytest.raises(ServerFailed, match="--tp-size 2"):
+        with serve("tiny-target", eagle3_flags("nanospec")):
+            pass
