@@ -97,6 +97,9 @@ def _worker(rank: int, size: int, init_file: str, vocab_size: int, capacity, res
                 assert abs(got[token] - value) <= 1e-4 * max(1.0, abs(value))
         assert torch.equal(sharded.active_size(slots), full.active_size(slots))
         assert int(sharded.head.dropped) == 0  # big enough: nothing refused a row
+        # Exactly the union's rows are packed, each once, in the shard that owns it.
+        packed = sharded.head.ids[sharded.head.ids >= 0].tolist()
+        assert sorted(packed) == sorted(set(full.head.ids[full.head.ids >= 0].tolist()))
 
     run_steps([sharded, full], vocab_size, seed=7, on_step=compare)  # every rank: same steps
     # Every rank holds the same id sets: the gathered column table agrees everywhere.
