@@ -51,26 +51,37 @@ def all_gather_last_dim(tensor: Tensor) -> Tensor:
 
 
 class ShardedTopk:
-    """Top-k token ids of the target's head when each rank holds one shard of it."""
+    """Top-k token ids of the target's head when each rank holds one shard of it: each
+    rank's top-k of its shard (``local``), all-gathered, then the top-k of those
+    (``merge_topk``)."""
 
     def __init__(self, local_weight: Tensor, layout: ShardLayout, chunk: int = 256):
-        start, real = layout.start(layout.rank), layout.real_rows(layout.rank)
-        self.rows = local_weight[:real]  # padding rows are no tokens
-        self.start, self.chunk = start, chunk
+        self.rows = local_weight[: layout.real_rows(layout.rank)]  # padding rows: no tokens
+        self.start, self.chunk = layout.start(layout.rank), chunk
 
     def __call__(self, hidden: Tensor, k: int) -> Tensor:
         out = []
         for begin in range(0, hidden.shape[0], self.chunk):
-            logits = hidden[begin : begin + self.chunk].to(self.rows.dtype) @ self.rows.T
-            local_k = min(k, logits.shape[1])
-            values, index = logits.float().topk(local_k, dim=-1)
-            if local_k < k:  # every rank sends k candidates; fillers never win
-                fill = values.new_full((len(values), k - local_k), float("-inf"))
-                values = torch.cat([values, fill], 1)
-                index = torch.cat([index, index.new_zeros(len(index), k - local_k)], 1)
-            values, ids = all_gather_last_dim(values), all_gather_last_dim(index + self.start)
-            out.append(ids.gather(1, values.topk(k, dim=-1).indices))
+            values, ids = self.local(hidden[begin : begin + self.chunk], k)
+            out.append(merge_topk(all_gather_last_dim(values), all_gather_last_dim(ids), k))
         return torch.cat(out) if out else hidden.new_zeros(0, k, dtype=torch.int64)
+
+    def local(self, hidden: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """(logits [T, k], token ids [T, k]) of this shard's top-k; every rank sends k
+        candidates, a shard with fewer tokens pads with -inf, which never wins."""
+        logits = (hidden.to(self.rows.dtype) @ self.rows.T).float()
+        local_k = min(k, logits.shape[1])
+        values, index = logits.topk(local_k, dim=-1)
+        if local_k < k:
+            fill = values.new_full((len(values), k - local_k), -torch.inf)
+            values = torch.cat([values, fill], 1)
+            index = torch.cat([index, index.new_zeros(len(index), k - local_k)], 1)
+        return values, index + self.start
+
+
+def merge_topk(values: Tensor, ids: Tensor, k: int) -> Tensor:
+    """The top-k token ids among every rank's candidates ([T, tp * k] each)."""
+    return ids.gather(1, values.topk(k, dim=-1).indices)
 
 
 def shard_token_map(local_weight: Tensor, layout: ShardLayout, token_map: Tensor):
