@@ -8,7 +8,7 @@ as at TP 1 (SGLang's own token-map pruning at TP > 1 indexes a shard with global
 
 One server per configuration, many prompts each. CI runs a covering subset (the sharded
 dynamic head with a tree, static with a token map); NANOSPEC_SLOW=1 runs every mode, both
-trees, the hybrid prior and STANDALONE.
+trees, the hybrid prior, STANDALONE, and EAGLE-3 (static; dynamic refused).
 """
 
 from __future__ import annotations
