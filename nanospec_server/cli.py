@@ -155,9 +155,6 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
             "--speculative-use-rejection-sampling: not with a dynamic vocabulary; sampling "
             "without it verifies against the target's distribution alone, which is exact"
         )
-    tp = _flag_value(argv, "--tp-size") or _flag_value(argv, "--tp")
-    if config.mode.is_dynamic and tp not in (None, "1"):
-        parser.error(f"--tp-size: --nanospec-mode {config.mode.value} supports 1 only")
 
 
 def _admin_key_from_env(parser: argparse.ArgumentParser) -> str | None:
@@ -234,6 +231,8 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
         parser.exit(
             2, f"nanospec: error: --port: {server_args.host}:{server_args.port} is in use\n"
         )
+    if on_cpu:
+        host.bind_cpu_ranks(server_args.tp_size * server_args.dp_size * server_args.pp_size)
     host.redact_from_logs(server_args.admin_api_key, server_args.api_key)
     from nanospec_server import engine_watch
 

@@ -7,6 +7,7 @@ environment set here.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 
@@ -58,10 +59,40 @@ def default_cpu_threads(cores: int) -> int:
     return max(min(cores, 4), cores - 2)
 
 
-def scheduler_cpu_threads() -> int:
-    """$NANOSPEC_CPU_THREADS, else the default for this host's cores."""
+def scheduler_cpu_threads(ranks: int = 1) -> int:
+    """$NANOSPEC_CPU_THREADS, else the default for this host's cores shared by the
+    ``ranks`` scheduler processes (tensor- and data-parallel ranks), at least one each."""
     value = os.environ.get(CPU_THREADS_ENV)
-    return int(value) if value else default_cpu_threads(usable_cores())
+    return int(value) if value else max(default_cpu_threads(usable_cores()) // ranks, 1)
+
+
+# SGLang's CPU thread binder: one "|"-separated core list per rank (dp x tp x pp).
+THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+
+
+def numa_nodes() -> int:
+    return max(len(glob.glob("/sys/devices/system/node/node[0-9]*")), 1)
+
+
+def threads_bind(ranks: int, cores: list[int]) -> str:
+    """``ranks`` groups of ``cores`` for SGLang's binder, contiguous and as even as can be
+    ("0|1" for 2 ranks on 2 cores); with fewer cores than ranks, ranks share cores."""
+    if len(cores) < ranks:
+        return "|".join(str(cores[rank % len(cores)]) for rank in range(ranks))
+    groups = [
+        cores[rank * len(cores) // ranks : (rank + 1) * len(cores) // ranks]
+        for rank in range(ranks)
+    ]
+    return "|".join(",".join(map(str, group)) for group in groups)
+
+
+def bind_cpu_ranks(ranks: int) -> None:
+    """Give each scheduler rank its cores where SGLang would refuse to start: without
+    $SGLANG_CPU_OMP_THREADS_BIND it binds one NUMA node per rank and asserts that there
+    are at least as many nodes as ranks (a one-node host fails at --tp-size 2). A value
+    the user set is kept. Each rank then runs ``scheduler_cpu_threads(ranks)`` threads."""
+    if ranks > numa_nodes() and THREADS_BIND_ENV not in os.environ:
+        os.environ[THREADS_BIND_ENV] = threads_bind(ranks, sorted(os.sched_getaffinity(0)))
 
 
 def has_cuda() -> bool:

@@ -67,3 +67,29 @@ def test_bitwise_lossless_needs_fp32_our_kernels_and_no_gpu(monkeypatch) -> None
     monkeypatch.setenv("NANOSPEC_CPU_LINEAR", "1")
     monkeypatch.setenv("NANOSPEC_CPU_SHIM", "0")  # SGLang's own CPU kernels
     assert not host.bitwise_lossless("float32")
+
+
+def test_tp_ranks_get_their_own_cores(monkeypatch) -> None:
+    from nanospec_server import host
+
+    assert host.threads_bind(2, [0, 1]) == "0|1"
+    assert host.threads_bind(2, [0, 1, 2, 3, 4]) == "0,1|2,3,4"
+    assert host.threads_bind(3, [0, 1]) == "0|1|0"  # more ranks than cores: they share
+    monkeypatch.setattr(host, "numa_nodes", lambda: 1)
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda _: {0, 1})
+    monkeypatch.delenv(host.THREADS_BIND_ENV, raising=False)
+    host.bind_cpu_ranks(1)  # one rank: SGLang's own NUMA binding works
+    assert host.THREADS_BIND_ENV not in host.os.environ
+    host.bind_cpu_ranks(2)
+    assert host.os.environ[host.THREADS_BIND_ENV] == "0|1"
+    monkeypatch.setenv(host.THREADS_BIND_ENV, "1|0")
+    host.bind_cpu_ranks(2)  # the user's binding stays
+    assert host.os.environ[host.THREADS_BIND_ENV] == "1|0"
+
+
+def test_scheduler_threads_are_shared_by_the_ranks(monkeypatch) -> None:
+    monkeypatch.delenv(CPU_THREADS_ENV, raising=False)
+    monkeypatch.setattr("nanospec_server.host.usable_cores", lambda: 8)
+    assert scheduler_cpu_threads(1) == 6
+    assert scheduler_cpu_threads(2) == 3
+    assert scheduler_cpu_threads(16) == 1

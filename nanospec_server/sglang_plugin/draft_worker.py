@@ -19,13 +19,14 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
 from nanospec_server.config import Mode, NanoSpecConfig
-from nanospec_server.sglang_plugin import eagle3
+from nanospec_server.sglang_plugin import eagle3, tp_head
 from nanospec_server.sglang_plugin import runtime as runtime_module
 from nanospec_server.sglang_plugin.packed_head import PackedHeadLogitsProcessor
 from nanospec_server.sglang_plugin.request_stats import RequestStats
 from nanospec_server.sglang_plugin.runtime import NanoSpecRuntime
 from nanospec_server.vocab import DynamicVocab
 from nanospec_server.vocab.draft_vocab import DraftIds, DraftVocab
+from nanospec_server.vocab.sharded_vocab import ShardedVocab
 from nanospec_server.vocab.slot_pool import SlotPool
 
 logger = logging.getLogger(__name__)
@@ -33,16 +34,24 @@ logger = logging.getLogger(__name__)
 
 class NanoSpecDraftMixin:
     prefill_topk: eagle3.PrefillTopk | None = None  # EAGLE-3's source of top-K_pre
+    token_map: torch.Tensor | None = None  # FR-Spec's list where hot_token_id is not it (TP)
+    padding_columns: torch.Tensor | None = None  # TP token map: -1 on padding columns
 
     def init_lm_head(self) -> None:
+        sharded_map = tp_head.tp_size() > 1 and self.hot_token_id is not None
+        if sharded_map and not eagle3.is_eagle3(self):
+            # SGLang would index its local shard with global ids (sglang issue 4328).
+            self.token_map, self.hot_token_id = self.hot_token_id, None
         super().init_lm_head()
-        if self.speculative_algorithm.is_standalone() and self.hot_token_id is not None:
+        if self.token_map is not None:
+            self._shard_token_map()
+        elif self.speculative_algorithm.is_standalone() and self.hot_token_id is not None:
             _prune_standalone_head(self.draft_runner.model, self.hot_token_id)
         self.nanospec = _build_runtime(self)
         runtime_module.RUNTIME = self.nanospec
         draft_model = self.draft_runner.model
         draft_model.logits_processor = PackedHeadLogitsProcessor(
-            draft_model.logits_processor, self.nanospec, self.topk
+            draft_model.logits_processor, self.nanospec, self.topk, self.padding_columns
         )
         if self.nanospec.vocab is not None:
             # SGLang maps every draft top-k through this table (FR-Spec's path), so local
@@ -54,6 +63,17 @@ class NanoSpecDraftMixin:
                 self.prefill_topk = eagle3.install_prefill_topk(
                     self.target_worker.model_runner.model, self.nanospec.prefill_k_pre
                 )
+
+    def _shard_token_map(self) -> None:
+        """The token map's rows of this rank's head shard, and the column table SGLang
+        maps the gathered top-k through (``tp_head.shard_token_map``)."""
+        model = self.draft_runner.model
+        vocab_size = self.target_worker.model_runner.model_config.vocab_size
+        layout = tp_head.layout_of(model.lm_head, vocab_size)
+        rows, columns = tp_head.shard_token_map(model.lm_head.weight.data, layout, self.token_map)
+        tp_head.replace_head_rows(model, rows)
+        self.padding_columns = columns
+        self.hot_token_id = columns.clamp(min=0)
 
     def _draft_extend_for_prefill(self, batch, target_hidden_states, *args, **kwargs):
         if self.prefill_topk is not None:  # EAGLE-3: the hidden states are the auxiliary ones
@@ -108,6 +128,13 @@ def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
         )  # fmt: skip
     elif config.mode == Mode.STATIC and worker.hot_token_id is None:
         raise ValueError("--nanospec-mode static needs --speculative-token-map (FR-Spec list)")
+    target_head = target_runner.model.lm_head
+    target_topk = None
+    if tp_head.tp_size() > 1:  # each rank holds one shard of the target's head
+        target_topk = tp_head.ShardedTopk(
+            target_head.weight.data, tp_head.layout_of(target_head, vocab_size)
+        )
+    static_ids = worker.token_map if worker.token_map is not None else worker.hot_token_id
     runtime = NanoSpecRuntime(
         config=config,
         vocab_size=vocab_size,
@@ -117,8 +144,9 @@ def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
         slot_pool=slot_pool,
         # The fixed vocabulary the head drafts over: FR-Spec's list, or an EAGLE-3 head's D
         # (in full mode too: stock SGLang drafts over D there).
-        static_ids=worker.hot_token_id if not config.mode.is_dynamic else None,
+        static_ids=static_ids if not config.mode.is_dynamic else None,
         draft_head_vocab=draft_ids.draft_of >= 0 if draft_ids is not None else None,
+        target_topk=target_topk,
     )
     runtime.update_settings()  # publish K_ver to the verify hook
     return runtime
@@ -136,14 +164,21 @@ def build_vocab(
     """
     target_runner = worker.target_worker.model_runner
     max_running = max(int(target_runner.max_running_requests), 1)
-    weight = worker.draft_runner.model.lm_head.weight.data
+    draft_head = worker.draft_runner.model.lm_head
+    weight = draft_head.weight.data
     vocab_size = weight.shape[0]
+    sharded = {}
+    if tp_head.tp_size() > 1:  # the weight is this rank's shard of the head
+        vocab_size = target_runner.model_config.vocab_size
+        sharded = {"layout": tp_head.layout_of(draft_head, vocab_size)}
     eos = set(target_runner.model_config.hf_eos_token_id or ())
     pinned = sorted(eos.union(_prior_tokens(config.prior_k)))  # P of the hybrid vocabulary
     capacity = config.union_capacity
     if capacity is not None:  # the CLI cannot know V: clamp to what the head can hold
         capacity = max(min(capacity, vocab_size), len(pinned))
     vocab_class, head = (DynamicVocab, ()) if draft_ids is None else (DraftVocab, (draft_ids,))
+    if sharded:
+        vocab_class = ShardedVocab
     vocab = vocab_class(
         weight,
         *head,
@@ -157,6 +192,7 @@ def build_vocab(
         # Fixed shapes (CUDA graphs) on CUDA; NANOSPEC_STATIC_SHAPES=1 forces them on CPU
         # too, where with TRITON_INTERPRET=1 the CUDA path's kernels serve (tests).
         static_shapes=True if os.environ.get("NANOSPEC_STATIC_SHAPES") == "1" else None,
+        **sharded,
     )
     pool_size = worker.req_to_token_pool.req_to_token.shape[0]
     return vocab, SlotPool(pool_size, max_running + 1, vocab.device)
@@ -187,8 +223,12 @@ def _check_supported(worker: EagleDraftWorker, config: NanoSpecConfig) -> None:
             f"{mode} is incompatible with --speculative-use-rejection-sampling; without it, "
             "sampling verifies with the target's distribution alone, which stays exact."
         )
-    if get_parallel().tp_size > 1:
-        raise ValueError(f"{mode} supports --tp-size 1 only (the draft head is not sharded)")
+    if get_parallel().tp_size > 1 and eagle3.is_eagle3(worker):
+        raise ValueError(
+            f"--tp-size {get_parallel().tp_size}: {mode} with an EAGLE-3 head runs at "
+            "--tp-size 1 only (its pruned draft vocabulary is not sharded); use "
+            "--nanospec-mode full or static with it, or --tp-size 1"
+        )
 
 
 def _prune_standalone_head(draft_model, hot_token_id: torch.Tensor) -> None:

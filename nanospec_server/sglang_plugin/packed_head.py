@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from nanospec_server.sglang_plugin import tp_head
 from nanospec_server.sglang_plugin.draft_topk import DRAFT_TOPK
 from nanospec_server.sglang_plugin.runtime import NanoSpecRuntime
 from nanospec_server.vocab import DynamicVocab
@@ -70,9 +71,18 @@ class PackedWeight:
 
 
 class PackedHeadLogitsProcessor(nn.Module):
-    def __init__(self, inner: nn.Module, runtime: NanoSpecRuntime, topk: int) -> None:
+    def __init__(
+        self,
+        inner: nn.Module,
+        runtime: NanoSpecRuntime,
+        topk: int,
+        padding_columns: Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.inner = inner
+        # TP with a token map: the token of each gathered column, -1 where a rank had
+        # fewer listed tokens than the others (``tp_head.shard_token_map``).
+        self.padding_columns = padding_columns
         self.runtime = runtime
         self.topk = topk  # SGLang takes this many columns of our logits
         self.announced = False  # logged the first fused draft step
@@ -94,6 +104,8 @@ class PackedHeadLogitsProcessor(nn.Module):
             lm_head = PackedWeight(rows, method)
         output = self.inner(input_ids, hidden_states, lm_head, forward_batch, *args, **kwargs)
         logits = output.next_token_logits
+        if self.padding_columns is not None and logits is not None:
+            tp_head.mask_padding_columns_(logits, self.padding_columns)
         if fused and logits is not None and not DRAFT_TOPK.is_carrier(logits):
             raise RuntimeError(
                 "nanospec: SGLang's logits processor altered the fused draft top-k; "

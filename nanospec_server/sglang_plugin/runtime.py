@@ -14,6 +14,7 @@ output streamer and the internal-state handlers read it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -59,6 +60,8 @@ class NanoSpecRuntime:
     # The output streamer may see a finished request after SGLang released its slot.
     slot_of_rid: dict[str, int] = field(default_factory=dict)
     recorder: StreamRecorder | None = field(default_factory=StreamRecorder.from_env)
+    # (hidden, k) -> the target's top-k token ids, where ``target_head`` is one TP shard.
+    target_topk: Callable[[Tensor, int], Tensor] | None = None
 
     @property
     def mode(self) -> Mode:
@@ -102,11 +105,16 @@ class NanoSpecRuntime:
         rids = [req.rid for req in batch.reqs]
         self._append(slots, *_padded(prompt_rows, slots.device), rids, "prefill")
         if prefill_top is None and target_hidden is not None and self.config.k_pre > 0:
-            prefill_top = topk_tokens_in_chunks(target_hidden, self.target_head, self.config.k_pre)
+            prefill_top = self._target_topk(target_hidden, self.config.k_pre)
         if prefill_top is not None:
             rows = _per_request_rows(prefill_top, batch.extend_lens)
             self._append(slots, *rows, rids, "prefill")
         self.vocab.refresh(slots)
+
+    def _target_topk(self, hidden: Tensor, k: int) -> Tensor:
+        if self.target_topk is not None:
+            return self.target_topk(hidden, k)
+        return topk_tokens_in_chunks(hidden, self.target_head, k)
 
     def _claim_slots(self, reqs, pool_slots: Tensor) -> None:
         """Reset the slots that a new request took over (pool entries are reused), and

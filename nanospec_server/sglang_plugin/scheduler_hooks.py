@@ -24,11 +24,14 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
 
         from nanospec_server.host import scheduler_cpu_threads
 
-        torch.set_num_threads(scheduler_cpu_threads())
+        ranks = server_args.tp_size * server_args.dp_size * server_args.pp_size
+        torch.set_num_threads(scheduler_cpu_threads(ranks))
         from nanospec_server.sglang_plugin.cpu_linear import install_cpu_linear_hooks
+        from nanospec_server.sglang_plugin.cpu_parallel import install_cpu_parallel_hooks
 
-        if install_cpu_linear_hooks():
-            HookRegistry.apply_hooks()  # before the model loads, with or without speculation
+        install_cpu_parallel_hooks()
+        install_cpu_linear_hooks()
+        HookRegistry.apply_hooks()  # before the groups and the model, with or without speculation
     from nanospec_server.sglang_plugin import grammar_conflict
 
     grammar_conflict.register_hooks()  # every server: a client's clash is a 400, not a 500

@@ -39,6 +39,7 @@ class DynamicVocab:
         static_shapes: bool | None = None,
         overlap: bool = True,
         union_capacity: int | None = None,
+        vocab_size: int | None = None,
     ):
         """``num_slots``: window states, slot 0 being padding (appends to it are dropped):
         size it to the most requests running at once, plus one.
@@ -49,8 +50,10 @@ class DynamicVocab:
         ``static_shapes`` (default: on CUDA) keeps every shape fixed for CUDA graphs.
         ``overlap=False`` runs the CUDA gather on the compute stream (the paper's `sync`
         ablation); on CPU there is nothing to overlap.
+        ``vocab_size`` (default: the weight's rows) is V where the weight holds only a
+        shard of the head (``ShardedVocab``).
         """
-        vocab_size, _ = lm_head_weight.shape
+        vocab_size = lm_head_weight.shape[0] if vocab_size is None else vocab_size
         self.device = torch.device(device) if device is not None else lm_head_weight.device
         self.static_shapes = self.device.type == "cuda" if static_shapes is None else static_shapes
         self.vocab_size, self.w_cap = vocab_size, w_cap
@@ -72,10 +75,10 @@ class DynamicVocab:
                 f"union_capacity must be in [{num_pinned}, {vocab_size}], got {capacity}"
             )
         weight = lm_head_weight.detach().to(self.device)
-        self.head = UnionHead(weight, capacity, self.always_active, self.device)
+        self.head = self._make_head(weight, capacity)
         self._rows_read: Tensor | int = 0
         # CPU: the same state transitions as fused C++ loops (None: the torch path).
-        self._cpu = ops.cpu_vocab_kernels(self.window, self.head)
+        self._cpu = self._cpu_kernels()
         # Vocabulary id of every packed row, free rows reading as 0, kept by the kernels
         # that update the head; ``row_token_ids`` is the same table in token ids: a lookup
         # for callers that map local top-k rows back to token ids (an impossible row is
@@ -86,6 +89,12 @@ class DynamicVocab:
         if self.device.type == "cuda" and overlap:
             self._side_stream = torch.cuda.Stream(self.device)
             self._refreshed = torch.cuda.Event()
+
+    def _make_head(self, weight: Tensor, capacity: int) -> UnionHead:
+        return UnionHead(weight, capacity, self.always_active, self.device)
+
+    def _cpu_kernels(self):
+        return ops.cpu_vocab_kernels(self.window, self.head)
 
     @staticmethod
     def default_union_capacity(vocab_size: int, w_cap: int, max_batch: int, num_pinned: int) -> int:
