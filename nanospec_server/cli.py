@@ -63,6 +63,13 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         "non-benchmark corpus (default 0: the paper's window only; the embedded default "
         "pair on a CPU: 2048, measured fastest there)",
     )  # fmt: skip
+    nanospec.add_argument(
+        "--nanospec-adaptive", action="store_true",
+        help="adaptive speculation for every draft kind: each step drafts 0 to "
+        "--speculative-num-steps tokens (a tree: all or none), whichever maximises the "
+        "expected tokens per second under a cost model timed on this host; switch it "
+        "live with POST /nanospec/settings {\"adaptive\": false}",
+    )  # fmt: skip
 
 
 def _add_token_map_command(commands: argparse._SubParsersAction) -> None:
@@ -113,6 +120,7 @@ def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             k_ver=args.nanospec_k_ver,
             union_capacity=args.nanospec_union_capacity,
             prior_k=args.nanospec_prior_k,
+            adaptive=args.nanospec_adaptive,
         )
     except ValidationError as error:
         problems = "; ".join(
@@ -156,6 +164,10 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
     tp = _flag_value(argv, "--tp-size") or _flag_value(argv, "--tp")
     if config.mode.is_dynamic and tp not in (None, "1"):
         parser.error(f"--tp-size: --nanospec-mode {config.mode.value} supports 1 only")
+    if config.adaptive and "--speculative-adaptive" in argv:
+        parser.error(
+            "--nanospec-adaptive: not with --speculative-adaptive (SGLang's own policy); pick one"
+        )
 
 
 def _admin_key_from_env(parser: argparse.ArgumentParser) -> str | None:
@@ -199,6 +211,11 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
     if on_cpu:
         host.prepare_cpu_environment()
         sglang_argv = sglang_argv + host.cpu_flags_missing_from(sglang_argv)
+        adaptive = config.adaptive or "--speculative-adaptive" in sglang_argv
+        if adaptive and "--disable-cuda-graph" not in sglang_argv:
+            # Building a runtime state per depth asks for a decode graph runner unless
+            # graphs are off, and a CPU attention backend has none.
+            sglang_argv = sglang_argv + ["--disable-cuda-graph"]
     if _flag_value(sglang_argv, "--model-path") is None:
         from nanospec_server.models import defaults
 

@@ -57,6 +57,9 @@ class NanoSpecConfig(BaseModel):
     # Hybrid vocabulary: I ∪ P, P = the prior_k most frequent tokens of a fixed corpus
     # (models/prior.py), pinned like EOS; 0 is the paper's method.
     prior_k: int = Field(0, ge=0, description="static prior tokens added to every active set")
+    # Adaptive speculation (sglang_plugin/adaptive.py): each step's draft depth, 0 to the
+    # launch's, from the batch size, the measured acceptance and a per-host cost model.
+    adaptive: bool = Field(False, description="choose each step's draft depth (goodput)")
 
     @model_validator(mode="after")
     def _w_max_fits(self) -> NanoSpecConfig:

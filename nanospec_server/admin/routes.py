@@ -44,6 +44,7 @@ class SettingsUpdate(BaseModel):
     w_max: int | None = Field(None, ge=1)
     k_pre: int | None = Field(None, ge=0, le=64)
     k_ver: int | None = Field(None, ge=0, le=64)
+    adaptive: bool | None = Field(None, description="adaptive speculation (--nanospec-adaptive)")
 
 
 def _field_errors(error: ValidationError) -> str:
