@@ -36,11 +36,16 @@ def step_features(batch_size: int, depth: int) -> np.ndarray:
 @dataclass
 class StepCostModel:
     """Least squares over the most recent ``window`` timed steps (a host's speed drifts
-    with its load, so old timings age out). Ready once two depths have been timed; while
-    one batch size is all it has seen, the minimum-norm solution still predicts exactly
-    there and spreads its guess for other sizes over the per-step and per-request terms."""
+    with its load, so old timings age out), fitted to the median time of each (batch size,
+    depth) seen: on a shared host single steps stall for whole scheduler slices, and a
+    median shrugs those off where a mean would chase them.
+
+    Ready once two depths have ``min_samples`` timings each. While one batch size is all it
+    has seen, the minimum-norm solution still predicts exactly there and spreads its guess
+    for other sizes over the per-step and per-request terms."""
 
     window: int = 256
+    min_samples: int = 3
     samples: deque = field(default_factory=deque)
     _coef: np.ndarray | None = None
 
@@ -50,15 +55,24 @@ class StepCostModel:
             self.samples.popleft()
         self._coef = None
 
+    def timings_per_depth(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for _, k, _ in self.samples:
+            counts[k] = counts.get(k, 0) + 1
+        return counts
+
     @property
     def ready(self) -> bool:
-        depths = {k for _, k, _ in self.samples}
-        return len(depths) >= 2 and len(self.samples) >= FEATURES
+        timed = [k for k, n in self.timings_per_depth().items() if n >= self.min_samples]
+        return len(timed) >= 2
 
     def coefficients(self) -> np.ndarray:
         if self._coef is None:
-            x = np.stack([step_features(b, k) for b, k, _ in self.samples])
-            y = np.array([t for _, _, t in self.samples])
+            cells: dict[tuple[int, int], list[float]] = {}
+            for b, k, t in self.samples:
+                cells.setdefault((b, k), []).append(t)
+            x = np.stack([step_features(b, k) for b, k in cells])
+            y = np.array([float(np.median(times)) for times in cells.values()])
             self._coef = np.linalg.lstsq(x, y, rcond=None)[0]
         return self._coef
 
@@ -147,8 +161,9 @@ class GoodputPolicy:
         self.steps += 1
         if not self.enabled or len(self.candidates) == 1:
             return Decision(self.deepest, "fixed", {})
-        if not self.cost.ready:
-            depth = self.candidates[self.steps % len(self.candidates)]
+        if not self.cost.ready:  # time the depths in turn, least timed first
+            timed = self.cost.timings_per_depth()
+            depth = min(self.candidates, key=lambda k: (timed.get(k, 0), -k))
             return Decision(depth, "explore", {})
         predicted = {k: self.goodput(batch_size, k) for k in self.candidates}
         best = max(self.candidates, key=lambda k: (predicted[k], -k))

@@ -53,6 +53,14 @@ def _field_errors(error: ValidationError) -> str:
     )
 
 
+def adaptive_problem(changes: dict, published: dict | None) -> str | None:
+    """Why a live ``adaptive`` change cannot apply: the policy's runtime states are built
+    at start, only with --nanospec-adaptive."""
+    if "adaptive" in changes and (published or {}).get("policy") != "goodput":
+        return "adaptive: start the server with --nanospec-adaptive to switch it live"
+    return None
+
+
 def w_max_problem(w_max: Any, w_cap: int) -> str | None:
     """Why ``w_max`` cannot be a W_max on a server of this capacity ("w_max: ..."), or None.
     The live setting and a request's own W_max are checked by this one function."""
@@ -125,10 +133,14 @@ def build_router() -> APIRouter:
     async def change_settings(
         request: Request, key_id: Annotated[str, Depends(require_admin)]
     ) -> NanoSpecConfig:
-        """Change W_max / K_pre / K_ver (admin key); effective at the next speculative step."""
+        """Change W_max / K_pre / K_ver / adaptive (admin key); effective at the next
+        speculative step."""
         changes = (await _read_update(request)).model_dump(exclude_none=True)
-        current = NanoSpecConfig.model_validate((await _scheduler_states())[0]["config"])
+        states = await _scheduler_states()
+        current = NanoSpecConfig.model_validate(states[0]["config"])
         if problem := w_max_problem(changes.get("w_max"), current.w_cap):
+            raise HTTPException(400, problem)
+        if problem := adaptive_problem(changes, states[0].get("adaptive")):
             raise HTTPException(400, problem)
         if changes:
             await _push_settings(changes, key_id)

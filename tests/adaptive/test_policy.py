@@ -48,7 +48,9 @@ def test_cost_model_needs_two_depths() -> None:
     for b in range(1, 9):
         model.observe(b, 3, 0.01 * b)
     assert not model.ready
-    model.observe(1, 0, 0.005)
+    for _ in range(model.min_samples):
+        assert not model.ready
+        model.observe(1, 0, 0.005)
     assert model.ready
 
 
@@ -130,12 +132,22 @@ def test_hysteresis_holds_a_depth_against_a_small_gain() -> None:
 
 def test_explores_every_depth_until_timed_then_probes() -> None:
     policy = GoodputPolicy([0, 1, 3], probe_every=5)
-    seen = {policy.choose(1).depth for _ in range(3)}
-    assert seen == {0, 1, 3}
-    for k in (0, 1, 3, 0, 1, 3):
-        policy.cost.observe(1, k, 0.01 + 0.001 * k)
+    explored = []
+    while (decision := policy.choose(1)).reason == "explore":
+        explored.append(decision.depth)
+        policy.cost.observe(1, decision.depth, 0.01 + 0.001 * decision.depth)
+    assert set(explored) == {0, 1, 3} and len(explored) <= 3 * policy.cost.min_samples
     reasons = [policy.choose(1).reason for _ in range(10)]
     assert reasons.count("probe") == 2 and "explore" not in reasons
+
+
+def test_cost_model_ignores_stalled_steps() -> None:
+    """A step the host stalled for a whole scheduler slice moves a median, not a fit."""
+    model = StepCostModel()
+    for k in (0, 1, 2) * 5:
+        model.observe(4, k, 0.010 + 0.002 * k)
+    model.observe(4, 1, 2.0)  # stalled
+    assert model.predict(4, 1) == pytest.approx(0.012)
 
 
 def test_off_drafts_at_the_launch_depth() -> None:

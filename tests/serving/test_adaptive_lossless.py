@@ -1,0 +1,137 @@
+"""Adaptive speculation in SGLang's real workers: lossless while the depth changes mid-run.
+
+Ours (`--nanospec-adaptive`) for every draft kind: EAGLE and STANDALONE chains, an EAGLE
+top-k 2 tree; SGLang's own (`--speculative-adaptive`) composed with NanoSpec. Requests
+arrive one after another and finish at different lengths, so batch sizes change under the
+policy. The agree pair (a context-free target, a draft that predicts it whenever the
+successor is in its vocabulary) makes every draft token accepted while NanoSpec's state is
+right, so a stale window or packed head after a depth change shows as a rejection.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from nanospec_server.bench.server import generate, speculative_flags
+from nanospec_server.models.tiny.tokenizer import BOS_ID, VOCAB_SIZE
+from tests.serving.conftest import ADMIN_KEY, make_prompts
+from tests.serving.test_nanospec_modes import CHAIN_PROMPTS
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
+
+PROMPTS = make_prompts(count=6, seed=21) + CHAIN_PROMPTS[:4]
+MAX_NEW = [6 + 5 * (i % 5) for i in range(len(PROMPTS))]
+ARRIVAL_GAP_S = 0.15
+KINDS = {
+    "eagle-chain": speculative_flags("EAGLE", "agree-eagle", 3, 1, 4),
+    "standalone-chain": speculative_flags("STANDALONE", "agree-standalone", 3, 1, 4),
+    "eagle-tree": speculative_flags("EAGLE", "agree-eagle", 3, 2, 6),
+}
+
+
+def generate_staggered(url: str) -> list[list[int]]:
+    """Each prompt sent ARRIVAL_GAP_S after the one before: the batch grows as requests
+    arrive and shrinks as the short ones finish."""
+
+    def one(i: int) -> list[int]:
+        time.sleep(i * ARRIVAL_GAP_S)
+        return generate(url, PROMPTS[i], MAX_NEW[i])["output_ids"]
+
+    with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
+        return list(pool.map(one, range(len(PROMPTS))))
+
+
+def adaptive_stats(url: str) -> dict:
+    return requests.get(f"{url}/stats/vocab", timeout=60).json()["adaptive"]
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(serve) -> list[list[int]]:
+    with serve("agree-target", []) as url:
+        return generate_staggered(url)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind: str) -> None:
+    with serve("agree-target", KINDS[kind] + ["--nanospec-adaptive"]) as url:
+        assert generate_staggered(url) == plain_outputs
+        stats = adaptive_stats(url)
+    assert stats["policy"] == "goodput" and stats["enabled"]
+    assert stats["candidate_depths"] == ([0, 1, 2, 3] if kind.endswith("chain") else [0, 3])
+    ran = {int(depth) for depth in stats["steps_by_depth"]}
+    assert 0 in ran and len(ran) >= 2, stats  # the depth did change during the run
+    sizes = {step["batch_size"] for step in stats["recent_steps"]}
+    assert len(sizes) >= 2, stats  # ... under changing batch sizes
+    assert all(step["step_ms"] > 0 for step in stats["recent_steps"])  # timed on a CPU
+
+
+def test_sglang_policy_composes_with_nanospec(serve, plain_outputs, tmp_path) -> None:
+    """SGLang's own --speculative-adaptive, tuned to switch at once: up to 5 steps (past
+    the launch's 3; SGLang sizes its buffers for the largest) alone, 0-2 in a batch."""
+    fast = {"warmup_batches": 0, "update_interval": 1, "down_hysteresis": 0.0}
+    config = {"1": {"candidate_steps": [1, 3, 5], **fast}, "2": {"candidate_steps": [0, 2]}}
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps(config | {"2": config["2"] | fast}))
+    flags = KINDS["eagle-chain"] + ["--speculative-adaptive"]
+    flags += ["--speculative-adaptive-config", str(path)]
+    with serve("agree-target", flags) as url:
+        assert generate_staggered(url) == plain_outputs
+        stats = adaptive_stats(url)
+    assert stats["policy"] == "sglang"
+    assert len(stats["steps_by_depth"]) >= 2, stats
+
+
+def test_depth_changes_leave_no_stale_state(serve) -> None:
+    """The target walks one cycle through the vocabulary; the prompt holds its first token
+    only, so on the second lap every token must come from the candidate stream, including
+    those of steps that ran at depth 0 (explored first) and at other depths. Any stale
+    window, packed head or per-request state after a switch rejects a draft token: every
+    drafted token must be accepted, and `drafted_tokens` must count the depths as run."""
+    cycle = VOCAB_SIZE - 3
+    flags = KINDS["eagle-chain"] + ["--nanospec-adaptive", "--nanospec-w-max", "8192"]
+    with serve("agree-target", flags) as url:
+        switched = threading.Event()
+
+        def fix_depth_once_depth_zero_ran() -> None:
+            # Off, the policy drafts at the launch depth: the second lap runs deep.
+            while not switched.is_set():
+                if "0" in adaptive_stats(url)["steps_by_depth"]:
+                    body = {"adaptive": False}
+                    headers = {"X-Admin-Key": ADMIN_KEY}
+                    response = requests.post(
+                        f"{url}/nanospec/settings", json=body, headers=headers, timeout=60
+                    )
+                    assert response.status_code == 200, response.text
+                    switched.set()
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=fix_depth_once_depth_zero_ran, daemon=True)
+        watcher.start()
+        result = generate(url, [BOS_ID, 5], cycle + 120)
+        switched.set()
+        watcher.join()
+        stats = result["meta_info"]["nanospec"][-1]
+        adaptive = adaptive_stats(url)
+    assert adaptive["enabled"] is False
+    assert {"0", "3"} <= set(adaptive["steps_by_depth"]), adaptive
+    assert stats["drafted_tokens"] < 3 * stats["draft_steps"]  # not every step at depth 3
+    assert stats["drafted_tokens"] >= cycle // 2  # most steps drafted deep
+    assert stats["accepted_draft_tokens"] == stats["drafted_tokens"], stats
+
+
+def test_live_adaptive_needs_the_flag(serve) -> None:
+    with serve("agree-target", KINDS["eagle-chain"]) as url:
+        response = requests.post(
+            f"{url}/nanospec/settings",
+            json={"adaptive": True},
+            headers={"X-Admin-Key": ADMIN_KEY},
+            timeout=60,
+        )
+        assert response.status_code == 400 and "--nanospec-adaptive" in response.text
+        assert adaptive_stats(url)["policy"] == "off"
