@@ -70,6 +70,13 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         "expected tokens per second under a cost model timed on this host; switch it "
         "live with POST /nanospec/settings {\"adaptive\": false}",
     )  # fmt: skip
+    nanospec.add_argument(
+        "--nanospec-adaptive-skip-extend", action="store_true",
+        help="with --nanospec-adaptive: a depth-0 step skips the draft model's extend pass "
+        "too, so it costs what a plain decode does (worth it for a STANDALONE draft model; "
+        "the draft's cache then lacks those tokens when drafting resumes: still lossless, "
+        "fewer drafts accepted). NanoSpec's window still gets every verified token",
+    )  # fmt: skip
 
 
 def _add_token_map_command(commands: argparse._SubParsersAction) -> None:
@@ -121,6 +128,7 @@ def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             union_capacity=args.nanospec_union_capacity,
             prior_k=args.nanospec_prior_k,
             adaptive=args.nanospec_adaptive,
+            adaptive_skip_extend=args.nanospec_adaptive_skip_extend,
         )
     except ValidationError as error:
         problems = "; ".join(
@@ -164,6 +172,8 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
     tp = _flag_value(argv, "--tp-size") or _flag_value(argv, "--tp")
     if config.mode.is_dynamic and tp not in (None, "1"):
         parser.error(f"--tp-size: --nanospec-mode {config.mode.value} supports 1 only")
+    if config.adaptive_skip_extend and not config.adaptive:
+        parser.error("--nanospec-adaptive-skip-extend: needs --nanospec-adaptive")
     if config.adaptive and "--speculative-adaptive" in argv:
         parser.error(
             "--nanospec-adaptive: not with --speculative-adaptive (SGLang's own policy); pick one"
@@ -235,6 +245,8 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
         if name is not None:
             sglang_argv = sglang_argv + ["--served-model-name", name]
     os.environ[CONFIG_ENV] = config.to_env()
+    if config.adaptive_skip_extend:  # SGLang's switch; its scheduler inherits it
+        os.environ["SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"] = "1"
 
     # SGLang is imported only now, after the environment its platform detection reads.
     from sglang.srt.entrypoints.http_server import launch_server

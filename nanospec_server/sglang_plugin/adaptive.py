@@ -13,7 +13,9 @@ them all.
 
 At depth 0 SGLang verifies the last bonus token alone (a plain decode through the verify
 path) and still runs the draft extend, where NanoSpec's `on_verify` appends the verified
-token and the target's top-K_ver to the window: the window state stays exact.
+token and the target's top-K_ver to the window: the window state stays exact. With
+`--nanospec-adaptive-skip-extend` SGLang skips that extend (`_stub_skipped_draft_extend`);
+we call `on_verify` there ourselves, so the window still gets every verified token.
 With `--speculative-adaptive` (SGLang's policy) we install nothing but still time the steps
 and publish the depth each one ran at.
 """
@@ -21,6 +23,7 @@ and publish the depth each one ran at.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -39,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 RECENT_STEPS = 64  # steps /stats/vocab lists, newest last
+SKIP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 CUDA_TIME_EVERY = 8  # on a GPU a timed step costs two host syncs: time one step in 8
 
 
@@ -95,6 +99,7 @@ class AdaptiveState:
     def published(self) -> dict:
         out = {
             "policy": self.policy_name,
+            "skip_extend_at_depth_0": os.environ.get(SKIP_EXTEND_ENV) == "1",
             "enabled": self.policy.enabled if self.policy else self.policy_name == "sglang",
             "candidate_depths": self.candidates,
             "depth_in_force": self.depth_in_force,
@@ -106,7 +111,7 @@ class AdaptiveState:
             out["acceptance_rate"] = self.policy.acceptance.rate
             out["cost_model_ready"] = cost.ready
             out["cost_model_ms"] = (
-                [round(1000 * c, 4) for c in cost.coefficients()] if cost.ready else None
+                [round(1000 * float(c), 4) for c in cost.coefficients()] if cost.ready else None
             )
             decision = self.last_decision
             out["last_goodput"] = (
@@ -199,9 +204,19 @@ def timed_forward(original, worker, batch, *args, **kwargs):
     return result
 
 
+def window_update_without_extend(result, worker, batch, batch_output, *args, **kwargs):
+    """AFTER `_stub_skipped_draft_extend`: the depth-0 step's verified token and top-K_ver
+    enter NanoSpec's window, as the skipped draft extend would have had them enter."""
+    worker._draft_worker.nanospec.on_verify(batch, batch_output, 0)
+    return result
+
+
 def register_hooks() -> None:
     HookRegistry.register(f"{WORKER}.init_cuda_graphs", after_init_cuda_graphs, HookType.AFTER)
     HookRegistry.register(f"{WORKER}.forward_batch_generation", timed_forward, HookType.AROUND)
+    HookRegistry.register(
+        f"{WORKER}._stub_skipped_draft_extend", window_update_without_extend, HookType.AFTER
+    )
 
 
 def live_change_problem(changes: dict) -> str | None:

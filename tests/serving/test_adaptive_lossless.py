@@ -28,9 +28,13 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 PROMPTS = make_prompts(count=6, seed=21) + CHAIN_PROMPTS[:4]
 MAX_NEW = [6 + 5 * (i % 5) for i in range(len(PROMPTS))]
 ARRIVAL_GAP_S = 0.15
+SKIP_EXTEND = ["--nanospec-adaptive-skip-extend"]
 KINDS = {
     "eagle-chain": speculative_flags("EAGLE", "agree-eagle", 3, 1, 4),
     "standalone-chain": speculative_flags("STANDALONE", "agree-standalone", 3, 1, 4),
+    # a depth-0 step without the draft model's extend pass (SGLang's switch)
+    "standalone-chain-skip": speculative_flags("STANDALONE", "agree-standalone", 3, 1, 4)
+    + SKIP_EXTEND,
     "eagle-tree": speculative_flags("EAGLE", "agree-eagle", 3, 2, 6),
 }
 
@@ -63,7 +67,8 @@ def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind:
         assert generate_staggered(url) == plain_outputs
         stats = adaptive_stats(url)
     assert stats["policy"] == "goodput" and stats["enabled"]
-    assert stats["candidate_depths"] == ([0, 1, 2, 3] if kind.endswith("chain") else [0, 3])
+    assert stats["candidate_depths"] == ([0, 3] if kind.endswith("tree") else [0, 1, 2, 3])
+    assert stats["skip_extend_at_depth_0"] == kind.endswith("skip")
     ran = {int(depth) for depth in stats["steps_by_depth"]}
     assert 0 in ran and len(ran) >= 2, stats  # the depth did change during the run
     sizes = {step["batch_size"] for step in stats["recent_steps"]}
@@ -87,14 +92,17 @@ def test_sglang_policy_composes_with_nanospec(serve, plain_outputs, tmp_path) ->
     assert len(stats["steps_by_depth"]) >= 2, stats
 
 
-def test_depth_changes_leave_no_stale_state(serve) -> None:
+@pytest.mark.parametrize("skip", [False, True], ids=["extend", "skip-extend"])
+def test_depth_changes_leave_no_stale_state(serve, skip: bool) -> None:
     """The target walks one cycle through the vocabulary; the prompt holds its first token
     only, so on the second lap every token must come from the candidate stream, including
-    those of steps that ran at depth 0 (explored first) and at other depths. Any stale
-    window, packed head or per-request state after a switch rejects a draft token: every
-    drafted token must be accepted, and `drafted_tokens` must count the depths as run."""
+    those of the first steps, which explore every depth (0 too). A window, packed head or
+    per-request state left stale by a switch rejects a draft token there: on the second lap
+    every drafted token must be accepted, and `drafted_tokens` counts the depths as run.
+    With the draft extend skipped at depth 0 our hook must still append those tokens."""
     cycle = VOCAB_SIZE - 3
     flags = KINDS["eagle-chain"] + ["--nanospec-adaptive", "--nanospec-w-max", "8192"]
+    flags += SKIP_EXTEND if skip else []
     with serve("agree-target", flags) as url:
         switched = threading.Event()
 
@@ -102,10 +110,11 @@ def test_depth_changes_leave_no_stale_state(serve) -> None:
             # Off, the policy drafts at the launch depth: the second lap runs deep.
             while not switched.is_set():
                 if "0" in adaptive_stats(url)["steps_by_depth"]:
-                    body = {"adaptive": False}
-                    headers = {"X-Admin-Key": ADMIN_KEY}
                     response = requests.post(
-                        f"{url}/nanospec/settings", json=body, headers=headers, timeout=60
+                        f"{url}/nanospec/settings",
+                        json={"adaptive": False},
+                        headers={"X-Admin-Key": ADMIN_KEY},
+                        timeout=60,
                     )
                     assert response.status_code == 200, response.text
                     switched.set()
@@ -113,16 +122,22 @@ def test_depth_changes_leave_no_stale_state(serve) -> None:
 
         watcher = threading.Thread(target=fix_depth_once_depth_zero_ran, daemon=True)
         watcher.start()
-        result = generate(url, [BOS_ID, 5], cycle + 120)
+        snapshots = generate(url, [BOS_ID, 5], cycle + 120)["meta_info"]["nanospec"]
         switched.set()
         watcher.join()
-        stats = result["meta_info"]["nanospec"][-1]
         adaptive = adaptive_stats(url)
     assert adaptive["enabled"] is False
     assert {"0", "3"} <= set(adaptive["steps_by_depth"]), adaptive
-    assert stats["drafted_tokens"] < 3 * stats["draft_steps"]  # not every step at depth 3
-    assert stats["drafted_tokens"] >= cycle // 2  # most steps drafted deep
-    assert stats["accepted_draft_tokens"] == stats["drafted_tokens"], stats
+    assert [s["draft_steps"] for s in snapshots] == sorted(s["draft_steps"] for s in snapshots)
+    last = snapshots[-1]
+    assert last["drafted_tokens"] < 3 * last["draft_steps"]  # not every step at depth 3
+    # The second lap: from the first snapshot past one cycle to the one before the last
+    # (the last step may draft past max_new_tokens and have its tail cut).
+    lap = [s for s in snapshots if s["emitted_tokens"] > cycle + 3][:-1]
+    assert len(lap) >= 2, [s["emitted_tokens"] for s in snapshots]
+    drafted = lap[-1]["drafted_tokens"] - lap[0]["drafted_tokens"]
+    accepted = lap[-1]["accepted_draft_tokens"] - lap[0]["accepted_draft_tokens"]
+    assert drafted >= 60 and accepted == drafted, (drafted, accepted)
 
 
 def test_live_adaptive_needs_the_flag(serve) -> None:
