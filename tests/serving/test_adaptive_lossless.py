@@ -28,6 +28,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 PROMPTS = make_prompts(count=6, seed=21) + CHAIN_PROMPTS[:4]
 MAX_NEW = [6 + 5 * (i % 5) for i in range(len(PROMPTS))]
 ARRIVAL_GAP_S = 0.15
+W_MAX = 8192  # the stale-state check needs a whole lap of the vocabulary in the window
+STALE_STATE_CHECKED = {"eagle-chain", "standalone-chain-skip"}
 SKIP_EXTEND = ["--nanospec-adaptive-skip-extend"]
 KINDS = {
     "eagle-chain": speculative_flags("EAGLE", "agree-eagle", 3, 1, 4),
@@ -61,9 +63,22 @@ def plain_outputs(serve) -> list[list[int]]:
         return generate_staggered(url)
 
 
+def set_adaptive(url: str, on: bool) -> requests.Response:
+    return requests.post(
+        f"{url}/nanospec/settings",
+        json={"adaptive": on},
+        headers={"X-Admin-Key": ADMIN_KEY},
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind: str) -> None:
-    with serve("agree-target", KINDS[kind] + ["--nanospec-adaptive"]) as url:
+    flags = KINDS[kind] + ["--nanospec-adaptive", "--nanospec-w-max", str(W_MAX)]
+    with serve("agree-target", flags) as url:
+        if kind in STALE_STATE_CHECKED:
+            check_no_stale_state(url)
+            assert set_adaptive(url, True).status_code == 200
         assert generate_staggered(url) == plain_outputs
         stats = adaptive_stats(url)
     assert stats["policy"] == "goodput" and stats["enabled"]
@@ -76,56 +91,31 @@ def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind:
     assert all(step["step_ms"] > 0 for step in stats["recent_steps"])  # timed on a CPU
 
 
-def test_sglang_policy_composes_with_nanospec(serve, plain_outputs, tmp_path) -> None:
-    """SGLang's own --speculative-adaptive, tuned to switch at once: up to 5 steps (past
-    the launch's 3; SGLang sizes its buffers for the largest) alone, 0-2 in a batch."""
-    fast = {"warmup_batches": 0, "update_interval": 1, "down_hysteresis": 0.0}
-    config = {"1": {"candidate_steps": [1, 3, 5], **fast}, "2": {"candidate_steps": [0, 2]}}
-    path = tmp_path / "adaptive.json"
-    path.write_text(json.dumps(config | {"2": config["2"] | fast}))
-    flags = KINDS["eagle-chain"] + ["--speculative-adaptive"]
-    flags += ["--speculative-adaptive-config", str(path)]
-    with serve("agree-target", flags) as url:
-        assert generate_staggered(url) == plain_outputs
-        stats = adaptive_stats(url)
-    assert stats["policy"] == "sglang"
-    assert len(stats["steps_by_depth"]) >= 2, stats
-
-
-@pytest.mark.parametrize("skip", [False, True], ids=["extend", "skip-extend"])
-def test_depth_changes_leave_no_stale_state(serve, skip: bool) -> None:
+def check_no_stale_state(url: str) -> None:
     """The target walks one cycle through the vocabulary; the prompt holds its first token
     only, so on the second lap every token must come from the candidate stream, including
     those of the first steps, which explore every depth (0 too). A window, packed head or
     per-request state left stale by a switch rejects a draft token there: on the second lap
     every drafted token must be accepted, and `drafted_tokens` counts the depths as run.
-    With the draft extend skipped at depth 0 our hook must still append those tokens."""
+    With the draft extend skipped at depth 0, our hook must still feed the window."""
     cycle = VOCAB_SIZE - 3
-    flags = KINDS["eagle-chain"] + ["--nanospec-adaptive", "--nanospec-w-max", "8192"]
-    flags += SKIP_EXTEND if skip else []
-    with serve("agree-target", flags) as url:
-        switched = threading.Event()
+    switched = threading.Event()
 
-        def fix_depth_once_depth_zero_ran() -> None:
-            # Off, the policy drafts at the launch depth: the second lap runs deep.
-            while not switched.is_set():
-                if "0" in adaptive_stats(url)["steps_by_depth"]:
-                    response = requests.post(
-                        f"{url}/nanospec/settings",
-                        json={"adaptive": False},
-                        headers={"X-Admin-Key": ADMIN_KEY},
-                        timeout=60,
-                    )
-                    assert response.status_code == 200, response.text
-                    switched.set()
-                time.sleep(0.05)
+    def fix_depth_once_depth_zero_ran() -> None:
+        # Off, the policy drafts at the launch depth: the second lap runs deep.
+        while not switched.is_set():
+            if "0" in adaptive_stats(url)["steps_by_depth"]:
+                response = set_adaptive(url, False)
+                assert response.status_code == 200, response.text
+                switched.set()
+            time.sleep(0.05)
 
-        watcher = threading.Thread(target=fix_depth_once_depth_zero_ran, daemon=True)
-        watcher.start()
-        snapshots = generate(url, [BOS_ID, 5], cycle + 120)["meta_info"]["nanospec"]
-        switched.set()
-        watcher.join()
-        adaptive = adaptive_stats(url)
+    watcher = threading.Thread(target=fix_depth_once_depth_zero_ran, daemon=True)
+    watcher.start()
+    snapshots = generate(url, [BOS_ID, 5], cycle + 120)["meta_info"]["nanospec"]
+    switched.set()
+    watcher.join()
+    adaptive = adaptive_stats(url)
     assert adaptive["enabled"] is False
     assert {"0", "3"} <= set(adaptive["steps_by_depth"]), adaptive
     assert [s["draft_steps"] for s in snapshots] == sorted(s["draft_steps"] for s in snapshots)
@@ -140,13 +130,20 @@ def test_depth_changes_leave_no_stale_state(serve, skip: bool) -> None:
     assert drafted >= 60 and accepted == drafted, (drafted, accepted)
 
 
-def test_live_adaptive_needs_the_flag(serve) -> None:
-    with serve("agree-target", KINDS["eagle-chain"]) as url:
-        response = requests.post(
-            f"{url}/nanospec/settings",
-            json={"adaptive": True},
-            headers={"X-Admin-Key": ADMIN_KEY},
-            timeout=60,
-        )
-        assert response.status_code == 400 and "--nanospec-adaptive" in response.text
-        assert adaptive_stats(url)["policy"] == "off"
+def test_sglang_policy_composes_with_nanospec(serve, plain_outputs, tmp_path) -> None:
+    """SGLang's own --speculative-adaptive, tuned to switch at once: up to 5 steps (past
+    the launch's 3; SGLang sizes its buffers for the largest) alone, 0 or 2 in a batch.
+    Our live switch needs our policy: refused here, with the flag named."""
+    fast = {"warmup_batches": 0, "update_interval": 1, "down_hysteresis": 0.0}
+    config = {"1": {"candidate_steps": [1, 3, 5], **fast}, "2": {"candidate_steps": [0, 2], **fast}}
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps(config))
+    flags = KINDS["eagle-chain"] + ["--speculative-adaptive"]
+    flags += ["--speculative-adaptive-config", str(path)]
+    with serve("agree-target", flags) as url:
+        assert generate_staggered(url) == plain_outputs
+        stats = adaptive_stats(url)
+        refused = set_adaptive(url, True)
+    assert stats["policy"] == "sglang"
+    assert len(stats["steps_by_depth"]) >= 2, stats
+    assert refused.status_code == 400 and "--nanospec-adaptive" in refused.text
