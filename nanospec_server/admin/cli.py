@@ -19,7 +19,8 @@ from nanospec_server.admin.auth import ADMIN_KEY_ENV, ADMIN_KEY_HEADER
 
 URL_ENV = "NANOSPEC_URL"
 DEFAULT_URL = "http://127.0.0.1:30000"
-SETTINGS = ("w_max", "k_pre", "k_ver")
+SETTINGS = ("w_max", "k_pre", "k_ver", "adaptive")
+SWITCH_VALUES = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 TIMEOUT_S = 30
 
 
@@ -50,7 +51,7 @@ def add_admin_commands(subparsers: argparse._SubParsersAction) -> None:
     get.set_defaults(func=run_config)
     put = actions.add_parser("set", help="change one setting live (needs the admin key)")
     put.add_argument("key", choices=SETTINGS, help="the setting")
-    put.add_argument("value", type=int, help="its new value")
+    put.add_argument("value", help="its new value (adaptive: on or off)")
     put.add_argument("--url", default=os.environ.get(URL_ENV, DEFAULT_URL), help=url_help)
     put.add_argument(
         "--admin-key", default=os.environ.get(ADMIN_KEY_ENV),
@@ -121,12 +122,37 @@ def _config(args: argparse.Namespace) -> None:
     if args.config_command == "get":
         settings = _call("GET", url, "/nanospec/settings")
     else:
+        body = {args.key: setting_value(args.key, args.value)}  # a bad value first, as before
         if not args.admin_key:
             raise AdminError(f"--admin-key: required to change settings (or set ${ADMIN_KEY_ENV})")
         headers = {ADMIN_KEY_HEADER: args.admin_key}
-        body = {args.key: args.value}
         settings = _call("POST", url, "/nanospec/settings", json=body, headers=headers)
     print("  ".join(f"{key}={value}" for key, value in settings.items()))
+
+
+def setting_value(key: str, text: str) -> int | bool:
+    if key == "adaptive":
+        if text.lower() not in SWITCH_VALUES:
+            raise AdminError(f"value: adaptive is on or off, not {text!r}")
+        return SWITCH_VALUES[text.lower()]
+    try:
+        return int(text)
+    except ValueError:
+        raise AdminError(f"value: {key} is a whole number, not {text!r}") from None
+
+
+def _adaptive_line(adaptive: dict | None) -> list[str]:
+    """The policy in force and what it did (`/stats/vocab`'s ``adaptive``)."""
+    if not adaptive:
+        return []
+    by_depth = ", ".join(f"{d}: {n}" for d, n in adaptive["steps_by_depth"].items()) or "-"
+    line = (
+        f"adaptive  policy {adaptive['policy']}{'' if adaptive['enabled'] else ' (off)'}   "
+        f"depth now {adaptive['depth_in_force']}   steps by depth {{{by_depth}}}"
+    )
+    if adaptive.get("acceptance_rate") is not None:
+        line += f"   acceptance {adaptive['acceptance_rate']:.2f}"
+    return [line]
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -154,6 +180,7 @@ def format_stats(stats: dict) -> str:
         f"coverage {_fmt(agg['coverage_mean'], 3)}   accept length "
         f"{_fmt(agg['accept_length_mean'])}   LM-head rows saved "
         f"{'-' if saved is None else f'{saved:.1%}'}   state {agg['state_bytes'] / 2**20:.1f} MiB",
+        *_adaptive_line(stats.get("adaptive")),
         "",
         " ".join(f"{name:>{width}}" for name, width in COLUMNS),
     ]
