@@ -29,9 +29,10 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import torch
+from sglang.srt.arg_groups.overrides import resolved_view, resolving_view
 from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-from sglang.srt.runtime_context import get_exec
+from sglang.srt.runtime_context import attn_dp_enabled_of, get_exec
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
@@ -143,6 +144,8 @@ def install(worker, config: NanoSpecConfig) -> None:
         ADAPTIVE = AdaptiveState("off", [worker.speculative_num_steps])
         ADAPTIVE.depth_in_force = worker.speculative_num_steps
         return
+    if reason := unsupported_reason(worker.server_args):
+        raise ValueError(f"--nanospec-adaptive: not with {reason}")
     candidates = candidate_depths(worker)
     policy = GoodputPolicy(candidates)
     ADAPTIVE = AdaptiveState("goodput", candidates, policy)
@@ -155,6 +158,22 @@ def install(worker, config: NanoSpecConfig) -> None:
     worker.adaptive_controller = controller
     ADAPTIVE.depth_in_force = worker.speculative_num_steps
     logger.info("nanospec: adaptive speculation (goodput), depths %s", candidates)
+
+
+def unsupported_reason(server_args) -> str | None:
+    """What rules out switching the depth at run time (SGLang refuses its own policy for the
+    same reasons; STANDALONE drafts and top-k > 1 trees, which it also refuses, are what ours
+    adds). None if nothing does."""
+    view, resolving = resolved_view(server_args), resolving_view(server_args)
+    if attn_dp_enabled_of(view):
+        return "attention DP (each rank would choose its own depth)"
+    if view.enable_multi_layer_eagle:
+        return "--enable-multi-layer-eagle"
+    if resolving.enable_two_batch_overlap:
+        return "--enable-two-batch-overlap"
+    if resolving.enable_pdmux:
+        return "--enable-pdmux"
+    return None
 
 
 def _current_state(worker) -> SpecRuntimeState:
