@@ -91,6 +91,20 @@ def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind:
     assert all(step["step_ms"] > 0 for step in stats["recent_steps"])  # timed on a CPU
 
 
+def streamed_snapshots(url: str, input_ids: list[int], max_new_tokens: int) -> list[dict]:
+    """The request's NanoSpec statistics as each streamed chunk left the server (a reply
+    that is not streamed carries one snapshot, at its end)."""
+    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+    body = {"input_ids": input_ids, "sampling_params": params, "stream": True}
+    snapshots = []
+    with requests.post(f"{url}/generate", json=body, stream=True, timeout=600) as response:
+        assert response.status_code == 200, response.text
+        for line in response.iter_lines():
+            if line.startswith(b"data: {"):
+                snapshots.append(json.loads(line[len(b"data: ") :])["meta_info"]["nanospec"][-1])
+    return snapshots
+
+
 def check_no_stale_state(url: str) -> None:
     """The target walks one cycle through the vocabulary; the prompt holds its first token
     only, so on the second lap every token must come from the candidate stream, including
@@ -112,7 +126,7 @@ def check_no_stale_state(url: str) -> None:
 
     watcher = threading.Thread(target=fix_depth_once_depth_zero_ran, daemon=True)
     watcher.start()
-    snapshots = generate(url, [BOS_ID, 5], cycle + 120)["meta_info"]["nanospec"]
+    snapshots = streamed_snapshots(url, [BOS_ID, 5], cycle + 120)
     switched.set()
     watcher.join()
     adaptive = adaptive_stats(url)
