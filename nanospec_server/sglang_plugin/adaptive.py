@@ -71,6 +71,8 @@ class GoodputAdapter:
         return decision.depth
 
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int):
+        # The depth in force: with SGLang's overlap schedule (GPU) these counts can arrive a
+        # step after a switch, which the estimate absorbs; the CPU path has no overlap.
         self.policy.acceptance.observe(num_correct_drafts_per_req, self.state.depth_in_force)
         return None  # the next step's `get_steps_for_batch` decides
 
