@@ -134,7 +134,9 @@ def check_no_stale_state(url: str) -> None:
 
     watcher = threading.Thread(target=fix_depth_once_depth_zero_ran, daemon=True)
     watcher.start()
-    snapshots = streamed_snapshots(url, [BOS_ID, 5], cycle + 120)
+    # A second lap of 400 tokens: ~100 steps, so that its chunks reach the client apart
+    # even where a loaded host merges a stream's chunks.
+    snapshots = streamed_snapshots(url, [BOS_ID, 5], cycle + 400)
     switched.set()
     watcher.join()
     adaptive = adaptive_stats(url)
