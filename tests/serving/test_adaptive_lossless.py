@@ -99,18 +99,21 @@ def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind:
     assert all(step["step_ms"] > 0 for step in stats["recent_steps"])  # timed on a CPU
 
 
-def streamed_snapshots(url: str, input_ids: list[int], max_new_tokens: int) -> list[dict]:
+def streamed_snapshots(
+    url: str, input_ids: list[int], max_new_tokens: int
+) -> tuple[list[dict], dict]:
     """The request's NanoSpec statistics as each streamed chunk left the server (a reply
-    that is not streamed carries one snapshot, at its end)."""
+    that is not streamed carries one snapshot per ~50 tokens), and the last meta_info."""
     params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
     body = {"input_ids": input_ids, "sampling_params": params, "stream": True}
-    snapshots = []
+    snapshots, meta = [], {}
     with requests.post(f"{url}/generate", json=body, stream=True, timeout=600) as response:
         assert response.status_code == 200, response.text
         for line in response.iter_lines():
             if line.startswith(b"data: {"):
-                snapshots.append(json.loads(line[len(b"data: ") :])["meta_info"]["nanospec"][-1])
-    return snapshots
+                meta = json.loads(line[len(b"data: ") :])["meta_info"]
+                snapshots.append(meta["nanospec"][-1])
+    return snapshots, meta
 
 
 def check_no_stale_state(url: str) -> None:
@@ -136,7 +139,7 @@ def check_no_stale_state(url: str) -> None:
     watcher.start()
     # A second lap of 400 tokens: ~100 steps, so that its chunks reach the client apart
     # even where a loaded host merges a stream's chunks.
-    snapshots = streamed_snapshots(url, [BOS_ID, 5], cycle + 400)
+    snapshots, meta = streamed_snapshots(url, [BOS_ID, 5], cycle + 400)
     switched.set()
     watcher.join()
     adaptive = adaptive_stats(url)
@@ -145,6 +148,10 @@ def check_no_stale_state(url: str) -> None:
     assert [s["draft_steps"] for s in snapshots] == sorted(s["draft_steps"] for s in snapshots)
     last = snapshots[-1]
     assert last["drafted_tokens"] < 3 * last["draft_steps"]  # not every step at depth 3
+    # Every step counted, depth-0 ones too (with the extend skipped, through our hook):
+    # SGLang's own count of verify passes, and every token sent was emitted by one.
+    assert last["draft_steps"] == meta["spec_verify_ct"], (last, meta["spec_verify_ct"])
+    assert last["emitted_tokens"] >= meta["completion_tokens"], last
     # The second lap: from the first snapshot past one cycle to the one before the last
     # (the last step may draft past max_new_tokens and have its tail cut).
     lap = [s for s in snapshots if s["emitted_tokens"] > cycle + 3][:-1]
