@@ -145,10 +145,13 @@ def _adaptive_line(adaptive: dict | None) -> list[str]:
     """The policy in force and what it did (`/stats/vocab`'s ``adaptive``)."""
     if not adaptive:
         return []
+    policy = adaptive["policy"]
+    if policy == "goodput" and not adaptive["enabled"]:
+        policy += " (switched off: launch depth)"
     by_depth = ", ".join(f"{d}: {n}" for d, n in adaptive["steps_by_depth"].items()) or "-"
     line = (
-        f"adaptive  policy {adaptive['policy']}{'' if adaptive['enabled'] else ' (off)'}   "
-        f"depth now {adaptive['depth_in_force']}   steps by depth {{{by_depth}}}"
+        f"adaptive  policy {policy}   depth now {adaptive['depth_in_force']}   "
+        f"steps by depth {{{by_depth}}}"
     )
     if adaptive.get("acceptance_rate") is not None:
         line += f"   acceptance {adaptive['acceptance_rate']:.2f}"

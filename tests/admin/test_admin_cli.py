@@ -82,5 +82,7 @@ def test_adaptive_values_and_the_stats_line() -> None:
     published = {"policy": "goodput", "enabled": False, "depth_in_force": 3,
                  "steps_by_depth": {"0": 41, "3": 7}, "acceptance_rate": 0.625}  # fmt: skip
     (line,) = _adaptive_line(published)
-    assert line.startswith("adaptive  policy goodput (off)   depth now 3")
+    assert line.startswith("adaptive  policy goodput (switched off: launch depth)   depth now 3")
     assert "steps by depth {0: 41, 3: 7}" in line and "acceptance 0.62" in line
+    off = {"policy": "off", "enabled": False, "depth_in_force": 4, "steps_by_depth": {"4": 9}}
+    assert _adaptive_line(off) == ["adaptive  policy off   depth now 4   steps by depth {4: 9}"]
