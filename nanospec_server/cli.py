@@ -64,6 +64,20 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         "non-benchmark corpus (default 0: the paper's window only; the embedded default "
         "pair on a CPU: 2048, measured fastest there)",
     )  # fmt: skip
+    nanospec.add_argument(
+        "--nanospec-adaptive", action="store_true",
+        help="adaptive speculation for every draft kind: each step drafts 0 to "
+        "--speculative-num-steps tokens (a tree: all or none), whichever maximises the "
+        "expected tokens per second under a cost model timed on this host; switch it "
+        "live with POST /nanospec/settings {\"adaptive\": false}",
+    )  # fmt: skip
+    nanospec.add_argument(
+        "--nanospec-adaptive-skip-extend", action="store_true",
+        help="with --nanospec-adaptive: a depth-0 step skips the draft model's extend pass "
+        "too, so it costs what a plain decode does (worth it for a STANDALONE draft model; "
+        "the draft's cache then lacks those tokens when drafting resumes: still lossless, "
+        "fewer drafts accepted). NanoSpec's window still gets every verified token",
+    )  # fmt: skip
 
 
 def _add_token_map_command(commands: argparse._SubParsersAction) -> None:
@@ -115,6 +129,8 @@ def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             k_ver=args.nanospec_k_ver,
             union_capacity=args.nanospec_union_capacity,
             prior_k=args.nanospec_prior_k,
+            adaptive=args.nanospec_adaptive,
+            adaptive_skip_extend=args.nanospec_adaptive_skip_extend,
         )
     except ValidationError as error:
         problems = "; ".join(
@@ -154,6 +170,12 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
         parser.error(
             "--speculative-use-rejection-sampling: not with a dynamic vocabulary; sampling "
             "without it verifies against the target's distribution alone, which is exact"
+        )
+    if config.adaptive_skip_extend and not config.adaptive:
+        parser.error("--nanospec-adaptive-skip-extend: needs --nanospec-adaptive")
+    if config.adaptive and "--speculative-adaptive" in argv:
+        parser.error(
+            "--nanospec-adaptive: not with --speculative-adaptive (SGLang's own policy); pick one"
         )
 
 
@@ -198,6 +220,11 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
     if on_cpu:
         host.prepare_cpu_environment()
         sglang_argv = sglang_argv + host.cpu_flags_missing_from(sglang_argv)
+        adaptive = config.adaptive or "--speculative-adaptive" in sglang_argv
+        if adaptive and "--disable-cuda-graph" not in sglang_argv:
+            # Building a runtime state per depth asks for a decode graph runner unless
+            # graphs are off, and a CPU attention backend has none.
+            sglang_argv = sglang_argv + ["--disable-cuda-graph"]
     if _flag_value(sglang_argv, "--model-path") is None:
         from nanospec_server.models import defaults
 
@@ -217,6 +244,8 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
         if name is not None:
             sglang_argv = sglang_argv + ["--served-model-name", name]
     os.environ[CONFIG_ENV] = config.to_env()
+    if config.adaptive_skip_extend:  # SGLang's switch; its scheduler inherits it
+        os.environ["SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"] = "1"
 
     # SGLang is imported only now, after the environment its platform detection reads.
     from sglang.srt.entrypoints.http_server import launch_server

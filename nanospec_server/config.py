@@ -57,6 +57,16 @@ class NanoSpecConfig(BaseModel):
     # Hybrid vocabulary: I ∪ P, P = the prior_k most frequent tokens of a fixed corpus
     # (models/prior.py), pinned like EOS; 0 is the paper's method.
     prior_k: int = Field(0, ge=0, description="static prior tokens added to every active set")
+    # Adaptive speculation (sglang_plugin/adaptive.py): each step's draft depth, 0 to the
+    # launch's, from the batch size, the measured acceptance and a per-host cost model.
+    adaptive: bool = Field(False, description="choose each step's draft depth (goodput)")
+    # At depth 0 skip the draft model's extend pass too (SGLang's
+    # SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND): a step then costs what a plain decode does,
+    # but the draft's KV cache misses those tokens when drafting resumes (lossless all the
+    # same; fewer drafts accepted for the requests that lived through it).
+    adaptive_skip_extend: bool = Field(
+        False, description="at depth 0, no draft extend (start-time only)"
+    )
 
     @model_validator(mode="after")
     def _w_max_fits(self) -> NanoSpecConfig:

@@ -24,7 +24,8 @@ from nanospec_server.admin.fleet import FleetStats, fetch_fleet, worker_label, w
 
 URL_ENV = "NANOSPEC_URL"
 DEFAULT_URL = "http://127.0.0.1:30000"
-SETTINGS = ("w_max", "k_pre", "k_ver")
+SETTINGS = ("w_max", "k_pre", "k_ver", "adaptive")
+SWITCH_VALUES = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 TIMEOUT_S = 30
 
 
@@ -62,7 +63,7 @@ def add_admin_commands(subparsers: argparse._SubParsersAction) -> None:
     get.set_defaults(func=run_config)
     put = actions.add_parser("set", help="change one setting live (needs the admin key)")
     put.add_argument("key", choices=SETTINGS, help="the setting")
-    put.add_argument("value", type=int, help="its new value")
+    put.add_argument("value", help="its new value (adaptive: on or off)")
     _add_url(put)
     put.add_argument(
         "--admin-key", default=os.environ.get(ADMIN_KEY_ENV),
@@ -140,18 +141,48 @@ def _stats(args: argparse.Namespace) -> None:
 
 def _config(args: argparse.Namespace) -> None:
     urls = _urls(args)
-    if args.config_command == "set" and not args.admin_key:
-        raise AdminError(f"--admin-key: required to change settings (or set ${ADMIN_KEY_ENV})")
+    body = None
+    if args.config_command == "set":
+        body = {args.key: setting_value(args.key, args.value)}  # a bad value first, as before
+        if not args.admin_key:
+            raise AdminError(f"--admin-key: required to change settings (or set ${ADMIN_KEY_ENV})")
     # Every worker is read first, so that a fleet with one worker down changes none.
     settings = {url: _call("GET", url, "/nanospec/settings") for url in urls}
-    if args.config_command == "set":
+    if body is not None:
         headers = {ADMIN_KEY_HEADER: args.admin_key}
-        body = {args.key: args.value}
         for url in urls:
             settings[url] = _call("POST", url, "/nanospec/settings", json=body, headers=headers)
     for url, values in settings.items():
         line = "  ".join(f"{key}={value}" for key, value in values.items())
         print(line if len(urls) == 1 else f"{worker_label(url)}  {line}")
+
+
+def setting_value(key: str, text: str) -> int | bool:
+    if key == "adaptive":
+        if text.lower() not in SWITCH_VALUES:
+            raise AdminError(f"value: adaptive is on or off, not {text!r}")
+        return SWITCH_VALUES[text.lower()]
+    try:
+        return int(text)
+    except ValueError:
+        raise AdminError(f"value: {key} is a whole number, not {text!r}") from None
+
+
+def _adaptive_line(adaptive: dict | None) -> list[str]:
+    """The policy in force and what it did (`/stats/vocab`'s ``adaptive``)."""
+    if not adaptive:
+        return []
+    policy = adaptive["policy"]
+    if policy == "goodput" and not adaptive["enabled"]:
+        policy += " (switched off: launch depth)"
+    by_depth = ", ".join(f"{d}: {n}" for d, n in adaptive["steps_by_depth"].items()) or "-"
+    line = (
+        f"adaptive  policy {policy}   depth now {adaptive['depth_in_force']}   "
+        f"steps by depth {{{by_depth}}}"
+    )
+    if adaptive.get("acceptance_rate") is not None:
+        line += f"   acceptance {adaptive['acceptance_rate']:.2f}"
+    return [line]
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -203,6 +234,7 @@ def format_stats(stats: dict) -> str:
     lines = [
         "settings  " + "  ".join(f"{k}={v}" for k, v in settings.items()),
         *_aggregate_lines(stats["aggregates"]),
+        *_adaptive_line(stats.get("adaptive")),
         "",
         *_request_lines(stats["requests"]),
     ]

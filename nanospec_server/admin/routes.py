@@ -44,12 +44,21 @@ class SettingsUpdate(BaseModel):
     w_max: int | None = Field(None, ge=1)
     k_pre: int | None = Field(None, ge=0, le=64)
     k_ver: int | None = Field(None, ge=0, le=64)
+    adaptive: bool | None = Field(None, description="adaptive speculation (--nanospec-adaptive)")
 
 
 def _field_errors(error: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in error.errors()
     )
+
+
+def adaptive_problem(changes: dict, published: dict | None) -> str | None:
+    """Why a live ``adaptive`` change cannot apply: the policy's runtime states are built
+    at start, only with --nanospec-adaptive."""
+    if "adaptive" in changes and (published or {}).get("policy") != "goodput":
+        return "adaptive: start the server with --nanospec-adaptive to switch it live"
+    return None
 
 
 def w_max_problem(w_max: Any, w_cap: int) -> str | None:
@@ -124,10 +133,14 @@ def build_router() -> APIRouter:
     async def change_settings(
         request: Request, key_id: Annotated[str, Depends(require_admin)]
     ) -> NanoSpecConfig:
-        """Change W_max / K_pre / K_ver (admin key); effective at the next speculative step."""
+        """Change W_max / K_pre / K_ver / adaptive (admin key); effective at the next
+        speculative step."""
         changes = (await _read_update(request)).model_dump(exclude_none=True)
-        current = NanoSpecConfig.model_validate((await _scheduler_states())[0]["config"])
+        states = await _scheduler_states()
+        current = NanoSpecConfig.model_validate(states[0]["config"])
         if problem := w_max_problem(changes.get("w_max"), current.w_cap):
+            raise HTTPException(400, problem)
+        if problem := adaptive_problem(changes, states[0].get("adaptive")):
             raise HTTPException(400, problem)
         if changes:
             await _push_settings(changes, key_id)

@@ -41,6 +41,9 @@ class RequestEntry(BaseModel):
     accept_length_mean: float | None = Field(description="tokens emitted per draft step")
     draft_steps: int
     accepted_draft_tokens: int
+    drafted_tokens: int | None = Field(
+        None, description="draft tokens proposed: the sum of each step's depth as it ran"
+    )
     lm_head_calls: int
     lm_head_rows_mean: float | None
     draft_ms_per_step: float | None = Field(
@@ -141,6 +144,15 @@ SUMMED_FIELDS = (
 )  # fmt: skip
 
 
+ADAPTIVE_DESCRIPTION = (
+    "adaptive speculation: the policy in force (`goodput`: --nanospec-adaptive, `sglang`: "
+    "--speculative-adaptive, `off`), the candidate depths, the depth in force, steps run per "
+    "depth, the latest steps (batch size, depth, why, wall ms), and for `goodput` the "
+    "measured acceptance rate, the cost model T(b, k) = c0 + c1 b + c2 k + c3 b k in ms and "
+    "the predicted tokens/s per depth of the latest decision"
+)
+
+
 class RankStats(BaseModel):
     dp_rank: int
     settings: NanoSpecConfig
@@ -151,6 +163,7 @@ class RankStats(BaseModel):
         "sizes behind them, how often a full union buffer left tokens out, and what "
         "requests hold now (`slots_in_use`, `union_rows_in_use` against `union_rows_idle`)",
     )
+    adaptive: dict | None = Field(None, description=ADAPTIVE_DESCRIPTION)
 
 
 class VocabStats(BaseModel):
@@ -161,6 +174,7 @@ class VocabStats(BaseModel):
     aggregates: Aggregates = Field(description="over every DP rank")
     ranks: list[RankStats]
     requests: list[RequestEntry] = Field(description="running first, then newest finished")
+    adaptive: dict | None = Field(None, description=f"{ADAPTIVE_DESCRIPTION} (DP rank 0)")
 
 
 def entries(rank: dict) -> list[RequestEntry]:
@@ -188,8 +202,10 @@ def vocab_stats(
                 settings=NanoSpecConfig.model_validate(rank["config"]),
                 aggregates=Aggregates.from_ranks([rank]),
                 memory=rank.get("memory", {}),
+                adaptive=rank.get("adaptive"),
             )
             for rank in ranks
         ],
         requests=requests[:limit] if limit is not None else requests,
+        adaptive=first.get("adaptive"),
     )

@@ -38,6 +38,9 @@ ANALYSES = {
     "wmax": {"modes": ["full", "nanospec"], "w_maxes": [256, 512, 1024, 2048, 3072, 4096, 8192]},
     "ablation": {"modes": ["full", "nanospec", "ctx-only", "ext-only", "sync"]},
     "prior": {"modes": ["full", "nanospec"], "prior_ks": [0, 512, 2048, 8192]},
+    # Under load (issue 20): plain decoding, today's NanoSpec speculation and the same with
+    # --nanospec-adaptive, at rising concurrency.
+    "adaptive": {"modes": ["nanospec"], "adaptive": True, "concurrency": [1, 4, 8, 16]},
 }  # fmt: skip
 
 
@@ -68,11 +71,14 @@ class BenchSettings:
     token_map_corpus: list[str] = field(default_factory=list)
     tpe_token_map: str | None = None  # `nanospec vocab trim`'s map: one more static config
     tiny: bool = False
+    adaptive: bool = False  # each nanospec configuration also with --nanospec-adaptive
 
     def digest(self) -> str:
         values = dataclasses.asdict(self)
         if values["tpe_token_map"] is None:  # runs from before the field keep their directory
             del values["tpe_token_map"]
+        if not values["adaptive"]:
+            del values["adaptive"]  # runs from before the field keep their directory
         return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -112,8 +118,10 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
         corpus = [Path(p) for p in settings.token_map_corpus] or default_token_map_corpus()
         token_maps = build_token_maps(target, settings.static_ks, vocab_size, run_dir, corpus)
     tpe_map = Path(settings.tpe_token_map) if settings.tpe_token_map else None
-    configs = build_configs(drafts, settings.modes, settings.static_ks, settings.w_maxes,
-                            token_maps, settings.prior_ks, tpe_map)  # fmt: skip
+    configs = build_configs(
+        drafts, settings.modes, settings.static_ks, settings.w_maxes, token_maps, settings.prior_ks,
+        tpe_token_map=tpe_map, adaptive=settings.adaptive,
+    )  # fmt: skip
     references = {c.name: full_vocab_reference(configs, c) for c in configs}
     anchors = [AR] + [n for n in dict.fromkeys(references.values()) if n]
     config_groups = groups([c.name for c in configs], anchors, settings.max_servers)

@@ -6,6 +6,7 @@ nanospec bench run --tiny --quick                # tiny offline models (a minute
 nanospec bench run --analysis vocab-sweep        # Figure 1a: static top-k 32k..512
 nanospec bench run --analysis wmax               # Figure 6: W_max 256..8192
 nanospec bench run --analysis prior              # hybrid vocabulary: prior k 0..8192
+nanospec bench run --analysis adaptive           # ar, nanospec, nanospec-adaptive; c 1..16
 nanospec bench report RUN_DIR                    # rewrite report.md and the figures
 nanospec bench coverage                          # Figure 1b offline, + evolution
 nanospec bench latency                           # Table 4: per-step draft breakdown
@@ -81,7 +82,9 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="every configuration side by side on Spec-Bench + HumanEval")
     run.add_argument("--analysis", choices=list(ANALYSES), default="main",
                      help="configuration preset: main (every mode), vocab-sweep (Fig 1a), "
-                          "wmax (Fig 6), ablation (Table 5), prior (hybrid vocabulary)")  # fmt: skip
+                          "wmax (Fig 6), ablation (Table 5), prior (hybrid vocabulary), "
+                          "adaptive (ar, nanospec and nanospec-adaptive at concurrency "
+                          "1 4 8 16)")  # fmt: skip
     run.add_argument("--target", help="target model: registry name or directory")
     run.add_argument("--standalone", nargs="*", help="STANDALONE draft models (names or dirs)")
     run.add_argument("--eagle", nargs="*", help="EAGLE head directories")
@@ -95,6 +98,9 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--prior-k", nargs="+", type=_non_negative,
                      help="hybrid vocabulary: NanoSpec once per static prior size "
                           "(--nanospec-prior-k; 0 = the paper's window only; default 0)")  # fmt: skip
+    run.add_argument("--adaptive", action="store_true", default=None,
+                     help="also run each nanospec configuration with --nanospec-adaptive "
+                          "(adaptive speculation), named ...-nanospec-adaptive")  # fmt: skip
     run.add_argument("--tasks", nargs="+", choices=TASKS, help="tasks (default: all seven)")
     run.add_argument("--specbench", help="Spec-Bench question.jsonl (default: ../shared/data/...)")
     run.add_argument("--limit-per-task", type=_positive, help="prompts per task (default 2)")
@@ -186,7 +192,8 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
              "concurrency": args.concurrency, "max_new_tokens": args.max_new_tokens,
              "dtype": args.dtype, "max_servers": args.max_servers,
              "max_total_tokens": args.max_total_tokens, "token_map_corpus": args.token_map_corpus,
-             "tpe_token_map": str(args.tpe_token_map.resolve()) if args.tpe_token_map else None}  # fmt: skip
+             "tpe_token_map": str(args.tpe_token_map.resolve()) if args.tpe_token_map else None,
+             "adaptive": args.adaptive}  # fmt: skip
     values |= {k: v for k, v in given.items() if v is not None}
     if args.tiny:
         values["tiny"] = True
@@ -197,6 +204,10 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
         parser.error("--tpe-token-map: needs the static mode among --modes")
     if not settings.standalone and not settings.eagle:
         parser.error("--standalone/--eagle: give at least one draft")
+    if settings.adaptive and "nanospec" not in settings.modes:
+        parser.error(
+            "--adaptive: runs the nanospec configurations adaptively; add nanospec to --modes"
+        )
     return settings
 
 

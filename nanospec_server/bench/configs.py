@@ -59,6 +59,7 @@ class BenchConfig:
     static_k: int | None = None
     w_max: int = DEFAULT_W_MAX
     prior_k: int = 0
+    adaptive: bool = False  # --nanospec-adaptive: each step's depth from the goodput policy
     flags: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -87,10 +88,12 @@ def build_configs(
     token_maps: dict[int, Path],
     prior_ks: list[int] = (0,),
     tpe_token_map: Path | None = None,
+    adaptive: bool = False,
 ) -> list[BenchConfig]:
     """``ar`` first, then per draft: each mode; `static` once per k (and once with the
     TPE-trimmed map, if given), `nanospec` once per W_max and prior k (the default W_max
-    and k = 0 keep the plain name)."""
+    and k = 0 keep the plain name). With ``adaptive``, each `nanospec` configuration again
+    with ``--nanospec-adaptive`` (``...-nanospec-adaptive``), beside today's fixed-depth one."""
     configs = [BenchConfig(AR)]
     for draft in drafts:
         spec = speculative_flags(draft.algorithm, draft.path, draft.steps, draft.topk, draft.tokens)
@@ -114,10 +117,18 @@ def build_configs(
                     name += f"-p{k}" if k else ""
                     flags = [*spec, "--nanospec-mode", mode, "--nanospec-w-max", str(w)]
                     flags += ["--nanospec-prior-k", str(k)] if k else []
-                    configs.append(
-                        BenchConfig(name, draft, mode, w_max=w, prior_k=k, flags=tuple(flags))
-                    )
+                    config = BenchConfig(name, draft, mode, w_max=w, prior_k=k, flags=tuple(flags))
+                    configs.append(config)
+                    if adaptive and sweep:
+                        configs.append(adaptive_twin(config))
     return configs
+
+
+def adaptive_twin(config: BenchConfig) -> BenchConfig:
+    return BenchConfig(
+        f"{config.name}-adaptive", config.draft, config.mode, w_max=config.w_max,
+        prior_k=config.prior_k, adaptive=True, flags=(*config.flags, "--nanospec-adaptive"),
+    )  # fmt: skip
 
 
 def full_vocab_reference(configs: list[BenchConfig], config: BenchConfig) -> str | None:
@@ -125,7 +136,7 @@ def full_vocab_reference(configs: list[BenchConfig], config: BenchConfig) -> str
     if config.draft is None:
         return None
     for other in configs:
-        if other.draft == config.draft and other.mode == "full":
+        if other.draft == config.draft and other.mode == "full" and not other.adaptive:
             return other.name
     return None
 

@@ -53,6 +53,7 @@ def write_report(run_dir: Path) -> Path:
         lines += _task_table(c, table)
     lines += _ablation_table(summary)
     lines += _prior_table(summary)
+    lines += _load_table(summary)
     lines += _lossless_section(checks)
     lines += [f"![{f.stem}]({f.name})" for f in figures]
     path = run_dir / "report.md"
@@ -138,6 +139,25 @@ def _prior_table(summary: dict) -> list[str]:
     return lines
 
 
+def _load_table(summary: dict) -> list[str]:
+    """Throughput and latency as concurrency rises, where adaptive speculation ran."""
+    configs = list(dict.fromkeys(n for table in summary.values() for n in table))
+    if not any(n.endswith("-adaptive") for n in configs):
+        return []
+    lines = ["## Under load: total throughput and per-request latency by concurrency", "",
+             "| config | concurrency | tokens/s (all requests) | vs ar [IQR] | latency median s | latency p90 s | accept |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for n in configs:
+        for c, table in summary.items():
+            x = table.get(n, {}).get(OVERALL)
+            if x is None:
+                continue
+            lines.append(f"| {n} | {c} | {_f(x['tokens_per_s'])} | {_ratio(x['vs_ar'])} "
+                         f"| {_f(x['latency_median_s'])} | {_f(x['latency_p90_s'])} "
+                         f"| {_f(x['accept_length'])} |")  # fmt: skip
+    return lines + [""]
+
+
 def _lossless_section(checks: dict) -> list[str]:
     lines = ["## Lossless check (outputs differing from ar)", ""]
     if checks["bitwise_expected"]:
@@ -190,7 +210,33 @@ def write_figures(run_dir: Path, summary: dict, info: dict) -> list[Path]:
             fig.savefig(out[-1])
             plt.close(fig)
     out += _sweep_figures(run_dir, summary.get(1, {}), plt)
+    out += _load_figure(run_dir, summary, plt)
     return out
+
+
+def _load_figure(run_dir: Path, summary: dict, plt) -> list[Path]:
+    """Throughput and median latency against concurrency, one line per configuration."""
+    configs = list(dict.fromkeys(n for table in summary.values() for n in table))
+    if not any(n.endswith("-adaptive") for n in configs) or len(summary) < 2:
+        return []
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3), dpi=80)
+    for n in configs:
+        points = [(c, t[n][OVERALL]) for c, t in sorted(summary.items()) if n in t]
+        cs = [c for c, _ in points]
+        axes[0].plot(cs, [x["tokens_per_s"] or 0 for _, x in points], "o-", label=n)
+        axes[1].plot(cs, [x["latency_median_s"] or 0 for _, x in points], "o-", label=n)
+    for ax, label in zip(
+        axes, ("tokens/s, all requests", "median request latency, s"), strict=True
+    ):
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(label)
+        ax.set_xscale("log", base=2)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path = run_dir / "load.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
 
 
 def _sweep_figures(run_dir: Path, table: dict, plt) -> list[Path]:
@@ -230,7 +276,7 @@ def _sweep_figures(run_dir: Path, table: dict, plt) -> list[Path]:
         sweep = sorted(
             (_w(n), table[n][OVERALL])
             for n in table
-            if n.startswith(f"{draft}-nanospec") and not _prior(n)
+            if n.startswith(f"{draft}-nanospec") and not _prior(n) and not n.endswith("-adaptive")
         )
         if len(sweep) > 1:
             fig, axes = plt.subplots(1, 3, figsize=(9, 2.8), dpi=80)

@@ -28,6 +28,12 @@ def _spread(values: list[float]) -> tuple[float, float] | None:
     return (q[0], q[2])
 
 
+def _p90(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=10, method="inclusive")[-1]
+
+
 def _weighted(pairs: list[tuple[float | None, float]]) -> float | None:
     pairs = [(v, w) for v, w in pairs if v is not None and w]
     total = sum(w for _, w in pairs)
@@ -71,6 +77,9 @@ def _cell(units_: list[dict]) -> dict:
     return {
         "requests": len(items),
         "tokens": sum(i["completion_tokens"] for i in items),
+        # each request's own latency, from send to its last token (prefill included)
+        "latency_median_s": _median([i["latency_s"] for i in items]),
+        "latency_p90_s": _p90([i["latency_s"] for i in items]),
         "tokens_per_s": _median([t / s for t, s in by_repeat.values() if s > 0]),
         "accept_length": _weighted([(i["accept_length"], i["verify_steps"]) for i in items]),
         "ms_per_step": 1000 * sum(i["latency_s"] for i in items) / steps if steps else None,

@@ -89,7 +89,8 @@ class NanoSpecDraftMixin:
             return super().draft(batch, *args, **kwargs)
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
-        self.nanospec.on_verify(batch, batch_result)
+        # the depth in force now: adaptive speculation switches it between steps
+        self.nanospec.on_verify(batch, batch_result, self.speculative_num_steps)
         with self.nanospec.stats.timer.draft_phase(batch.req_pool_indices):
             return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
 

@@ -51,6 +51,10 @@ def _validate(key: str, value: Any) -> None:
     token = value.get("token") if isinstance(value, dict) else None
     if not expected or not isinstance(token, str) or not secrets.compare_digest(token, expected):
         raise UpdateRejected(f"{key}: change NanoSpec settings through POST /nanospec/settings")
+    from nanospec_server.sglang_plugin import adaptive
+
+    if problem := adaptive.live_change_problem(value["changes"]):
+        raise UpdateRejected(problem)
     try:
         runtime.RUNTIME.config.model_validate(
             runtime.RUNTIME.config.model_dump() | value["changes"]
@@ -60,9 +64,12 @@ def _validate(key: str, value: Any) -> None:
 
 
 def _apply(key: str, value: dict[str, Any]) -> None:
+    from nanospec_server.sglang_plugin import adaptive
+
     old = runtime.RUNTIME.config
     runtime.RUNTIME.update_settings(**value["changes"])
     new = runtime.RUNTIME.config
+    adaptive.apply_live(new)
     changed = {k: (getattr(old, k), getattr(new, k)) for k in value["changes"]}
     logger.info(
         "nanospec: settings changed by admin key %s: %s",
@@ -89,6 +96,8 @@ def published_state(rt: runtime.NanoSpecRuntime) -> dict:
     """What the admin layer reads: never any prompt or output text, only counts."""
     from sglang.srt.runtime_context import get_parallel
 
+    from nanospec_server.sglang_plugin import adaptive
+
     stats = rt.stats
     # A request can finish without its last chunk reaching our streamer (an abort);
     # snapshotting it here files it under finished instead of leaving it "running".
@@ -109,4 +118,5 @@ def published_state(rt: runtime.NanoSpecRuntime) -> dict:
         "totals": stats.totals_dict(),
         "running": running,
         "finished": list(stats.finished.values()),
+        "adaptive": adaptive.published(),
     }

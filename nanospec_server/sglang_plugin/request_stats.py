@@ -30,7 +30,8 @@ from nanospec_server.sglang_plugin.step_timer import StepTimer
 # COVERED_BY_HEAD: in the draft head's own vocabulary (all of them but for an EAGLE-3 d2t).
 STEPS, ACCEPTED, EMITTED, COVERED, ACTIVE_SUM, ACTIVE_MAX, ROWS_SUM, HEAD_CALLS = range(8)
 COVERED_BY_HEAD = 8
-NUM_COUNTERS = 9
+DRAFTED = 9  # the depth each step ran at, summed (adaptive speculation changes it)
+NUM_COUNTERS = 10
 
 
 def is_health_check(rid: object) -> bool:
@@ -123,9 +124,10 @@ class RequestStats:
         covered: Tensor,
         active_size: Tensor,
         covered_by_head: Tensor,
+        depth: int,
     ) -> None:
-        """One speculative step: tokens emitted (accepted + bonus), how many were in I (of
-        the draft head: I ∩ D), and how many in the head's vocabulary D."""
+        """One speculative step at this draft depth: tokens emitted (accepted + bonus), how
+        many were in I (of the draft head: I ∩ D), and how many in the head's vocabulary D."""
         delta = torch.zeros(len(slots), NUM_COUNTERS, dtype=torch.int64, device=slots.device)
         delta[:, STEPS] = 1
         delta[:, ACCEPTED] = accept_lens - 1  # draft tokens the target accepted
@@ -133,6 +135,7 @@ class RequestStats:
         delta[:, COVERED] = covered
         delta[:, ACTIVE_SUM] = active_size
         delta[:, COVERED_BY_HEAD] = covered_by_head
+        delta[:, DRAFTED] = depth
         self.counters.index_add_(0, slots, delta)
         maxed = torch.maximum(self.counters[slots, ACTIVE_MAX], active_size)
         self.counters[slots, ACTIVE_MAX] = maxed
@@ -222,6 +225,7 @@ def _to_dict(row: list[int], active_now: int, stream_len: int, vocab_size: int) 
         "accept_length_mean": row[EMITTED] / steps if steps else None,
         "draft_steps": steps,
         "accepted_draft_tokens": row[ACCEPTED],
+        "drafted_tokens": row[DRAFTED],
         "lm_head_rows_mean": row[ROWS_SUM] / calls if calls else None,
         "lm_head_calls": calls,
         "vocab_size": vocab_size,

@@ -198,7 +198,8 @@ class NanoSpecRuntime:
 
     # -- verify -------------------------------------------------------------------------
 
-    def on_verify(self, batch, batch_result) -> None:
+    def on_verify(self, batch, batch_result, depth: int) -> None:
+        """After a verify of ``depth`` draft steps (0: a plain decode, adaptive speculation)."""
         candidates = LAST_VERIFY.take()
         self.release_ended()
         if not batch.reqs:
@@ -214,7 +215,7 @@ class NanoSpecRuntime:
             vocab_size = len(self.draft_head_vocab)  # padding past accept_lens may be any id
             in_head = in_head & self.draft_head_vocab[emitted.clamp(0, vocab_size - 1)]
         active = self._active_size(slots)
-        self.stats.record_verify(pool_slots, accept_lens, covered, active, in_head.sum(1))
+        self.stats.record_verify(pool_slots, accept_lens, covered, active, in_head.sum(1), depth)
         if candidates is not None and self._appends_while_decoding():
             self._append_step(slots, candidates, [req.rid for req in batch.reqs])
             self.vocab.refresh(slots)

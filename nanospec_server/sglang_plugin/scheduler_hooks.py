@@ -78,7 +78,9 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
         live_settings.get_internal_state_hook,
         HookType.AFTER,
     )
-    from nanospec_server.sglang_plugin import draft_topk
+    from nanospec_server.sglang_plugin import adaptive, draft_topk
+
+    adaptive.register_hooks()  # depth per step, and our policy where --nanospec-adaptive
 
     draft_topk.register_hooks()  # the fused draft top-k (CUDA); other tensors pass through
     from nanospec_server.sglang_plugin.cpu_sampling import install_cpu_sampling_hook

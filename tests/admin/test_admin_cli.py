@@ -71,3 +71,21 @@ def test_stats_and_config_against_the_server(server: Server) -> None:
     assert too_big.returncode == 1 and "w_max" in too_big.stderr
     w_max = before.stdout.split("w_max=")[1].split()[0]
     nanospec("config", "set", "w_max", w_max, "--url", server.url, "--admin-key", ADMIN_KEY)
+
+
+def test_adaptive_values_and_the_stats_line() -> None:
+    from nanospec_server.admin.cli import AdminError, _adaptive_line, setting_value
+
+    assert setting_value("adaptive", "off") is False and setting_value("adaptive", "ON") is True
+    assert setting_value("w_max", "640") == 640
+    for key, bad in (("adaptive", "maybe"), ("w_max", "lots")):
+        with pytest.raises(AdminError, match=key):
+            setting_value(key, bad)
+    assert _adaptive_line(None) == []
+    published = {"policy": "goodput", "enabled": False, "depth_in_force": 3,
+                 "steps_by_depth": {"0": 41, "3": 7}, "acceptance_rate": 0.625}  # fmt: skip
+    (line,) = _adaptive_line(published)
+    assert line.startswith("adaptive  policy goodput (switched off: launch depth)   depth now 3")
+    assert "steps by depth {0: 41, 3: 7}" in line and "acceptance 0.62" in line
+    off = {"policy": "off", "enabled": False, "depth_in_force": 4, "steps_by_depth": {"4": 9}}
+    assert _adaptive_line(off) == ["adaptive  policy off   depth now 4   steps by depth {4: 9}"]

@@ -35,7 +35,12 @@ def test_running_then_finished_with_totals(monkeypatch) -> None:
     assert list(stats.running) == ["r0", "r1", "r2"]
     slots = torch.tensor([0, 1, 2])
     stats.record_verify(
-        slots, torch.tensor([2, 1, 3]), torch.tensor([1, 1, 2]), slots + 10, torch.tensor([2, 0, 3])
+        slots,
+        torch.tensor([2, 1, 3]),
+        torch.tensor([1, 1, 2]),
+        slots + 10,
+        torch.tensor([2, 0, 3]),
+        depth=3,
     )
     stats.record_head(slots, 12)
     stats.track(reqs, w_max=32)  # a live change reaches the running requests
@@ -55,6 +60,7 @@ def test_running_then_finished_with_totals(monkeypatch) -> None:
     assert (totals.draft_steps, totals.emitted_tokens, totals.covered_tokens) == (3, 6, 4)
     assert totals.covered_by_head_tokens == 5
     assert stats.finished["r1"]["head_vocab_coverage"] == 0.0
+    assert stats.finished["r1"]["drafted_tokens"] == 3  # the depth the step ran at
     assert (totals.lm_head_rows, totals.lm_head_calls, totals.active_vocab_sum) == (36, 3, 33)
     assert stats.finished["r2"]["state"] == "finished" and stats.finished["r2"]["finished_at"]
 

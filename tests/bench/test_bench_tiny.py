@@ -84,3 +84,27 @@ def test_cli_names_the_bad_flag(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "--static-k" in bad.stderr
     few = run("--max-servers", "0", "--out", str(tmp_path / "r2"), "--tasks", "code")
     assert few.returncode == 2 and "--max-servers" in few.stderr
+
+
+@pytest.mark.slow
+def test_adaptive_analysis_reports_load_and_stays_lossless(tmp_path: Path) -> None:
+    """`--analysis adaptive` on the tiny pair: plain decoding, NanoSpec and NanoSpec with
+    --nanospec-adaptive side by side at two concurrencies (minutes on 2 cores: slow)."""
+    settings = BenchSettings(
+        specbench=str(write_specbench(tmp_path / "question.jsonl")),
+        target="agree-target", eagle=["agree-eagle"], standalone=[], tiny=True,
+        shapes=[(NUM_STEPS, 1, NUM_STEPS + 1)], modes=["nanospec"], adaptive=True,
+        tasks=["conversation", "translation"], limit_per_task=1, max_new_tokens=12,
+        concurrency=[1, 2], dtype="float32", max_total_tokens=8192,
+    )  # fmt: skip
+    run_dir = run_bench(settings, tmp_path / "run")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for c in ("1", "2"):
+        assert set(summary["results"][c]) == {"ar", "eagle-nanospec", "eagle-nanospec-adaptive"}
+        cell = summary["results"][c]["eagle-nanospec-adaptive"][OVERALL]
+        assert cell["latency_median_s"] > 0 and cell["latency_p90_s"] >= cell["latency_median_s"]
+    compared = summary["lossless"]["compared"]["eagle-nanospec-adaptive"]
+    assert compared["outputs"] == 6 and compared["differing"] == 0  # 3 outputs x 2 levels
+    report = (run_dir / "report.md").read_text()
+    assert "Under load" in report and "| eagle-nanospec-adaptive | 2 |" in report
+    assert (run_dir / "load.png").is_file()

@@ -139,3 +139,30 @@ def test_cli_tpe_token_map(tmp_path: Path, capsys: pytest.CaptureFixture) -> Non
             parse(*argv)
         err = capsys.readouterr().err
         assert "--tpe-token-map" in err and message in err
+
+
+def test_adaptive_twins_every_nanospec_config_and_the_preset(tmp_path: Path) -> None:
+    draft = Draft("STANDALONE", tmp_path)
+    configs = build_configs([draft], ["full", "nanospec"], [], [3072], {}, [0, 2048], adaptive=True)
+    names = [c.name for c in configs]
+    assert names == [
+        "ar", "standalone-full", "standalone-nanospec", "standalone-nanospec-adaptive",
+        "standalone-nanospec-p2048", "standalone-nanospec-p2048-adaptive",
+    ]  # fmt: skip
+    by_name = {c.name: c for c in configs}
+    twin = by_name["standalone-nanospec-p2048-adaptive"]
+    assert twin.adaptive and "--nanospec-adaptive" in twin.flags
+    assert flag(twin, "--nanospec-prior-k") == "2048"
+    assert "--nanospec-adaptive" not in by_name["standalone-nanospec"].flags
+    assert full_vocab_reference(configs, twin) == "standalone-full"
+    preset = parse("--analysis", "adaptive")
+    assert preset.adaptive and preset.modes == ["nanospec"] and preset.concurrency == [1, 4, 8, 16]
+    assert parse("--adaptive").adaptive and not parse().adaptive
+    # runs from before the field keep their directory; an adaptive run gets its own
+    assert parse().digest() != preset.digest()
+
+
+def test_cli_adaptive_needs_the_nanospec_mode(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        parse("--adaptive", "--modes", "full")
+    assert "--adaptive" in capsys.readouterr().err

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nanospec_server.bench.report import write_report
+from nanospec_server.bench.report import _load_table, write_report
 from nanospec_server.bench.summary import OVERALL, lossless, summarize
 
 REFS = {"ar": None, "eagle-full": None, "eagle-nanospec": "eagle-full",
@@ -150,3 +150,49 @@ def test_draft_time_per_step_and_head_share_pool_the_requests() -> None:
     assert nano["draft_ms_per_step"] == pytest.approx(1000 * 4.0 / 40)
     assert nano["lm_head_share"] == pytest.approx(1.0 / 4.0)
     assert table["ar"][OVERALL]["draft_ms_per_step"] is None
+
+
+def load_records() -> list[dict]:
+    """ar, nanospec and nanospec-adaptive at concurrency 1 and 4 (one batch of four)."""
+    seconds = {
+        "ar": (2.0, 4.0),
+        "eagle-nanospec": (1.0, 6.0),
+        "eagle-nanospec-adaptive": (1.0, 4.0),
+    }
+    out = []
+    for config, (alone, loaded) in seconds.items():
+        tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+        out.append({"key": f"{config}|c1", "group": 0, "config": config, "turn": 0, "repeat": 0,
+                    "concurrency": 1, "wall_s": alone,
+                    "items": [item("qa/1", "qa", tokens, alone, 2.0 if config != "ar" else None)]})  # fmt: skip
+        # four requests at once: latencies spread to the batch's wall time
+        latencies = [loaded * f for f in (0.25, 0.5, 0.75, 1.0)]
+        items = [item(f"p/{i}", "qa", tokens, lat) for i, lat in enumerate(latencies)]
+        out.append({"key": f"{config}|c4", "group": 0, "config": config, "turn": 0, "repeat": 0,
+                    "concurrency": 4, "wall_s": loaded, "items": items})  # fmt: skip
+    return out
+
+
+def test_load_table_reports_throughput_and_latency_by_concurrency(tmp_path: Path) -> None:
+    refs = {"ar": None, "eagle-nanospec": None, "eagle-nanospec-adaptive": None}
+    table = summarize(load_records(), refs)
+    loaded = table[4]["eagle-nanospec-adaptive"][OVERALL]
+    assert loaded["tokens_per_s"] == pytest.approx(32 / 4.0)  # all requests' tokens / wall
+    assert loaded["latency_median_s"] == pytest.approx(2.5)
+    assert loaded["latency_p90_s"] == pytest.approx(3.7)  # inclusive: 3 + 0.7 * (4 - 3)
+    assert table[4]["eagle-nanospec"][OVERALL]["vs_ar"]["median"] == pytest.approx(4 / 6)
+    info = {"command": "nanospec bench run --analysis adaptive", "versions": {}, "hardware": {},
+            "references": refs, "prompts": ["qa/1"],
+            "settings": {"target": "t", "dtype": "float32", "max_new_tokens": 8, "limit_per_task": 1,
+                         "seed": 0, "repeats": 1, "concurrency": [1, 4]}}  # fmt: skip
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in load_records()))
+    text = write_report(tmp_path).read_text()
+    assert "Under load" in text
+    assert "| eagle-nanospec-adaptive | 4 | 8.00 | 1.00x [1.00-1.00] | 2.50 | 3.70 |" in text
+    assert "| eagle-nanospec | 4 | 5.33 | 0.67x [0.67-0.67] | 3.75 | 5.55 |" in text
+    assert (tmp_path / "load.png").stat().st_size > 1000
+
+
+def test_no_load_table_without_adaptive_runs(tmp_path: Path) -> None:
+    assert _load_table(summarize(records(), REFS)) == []

@@ -18,6 +18,8 @@ BAD_FLAGS = [
     (["--speculative-use-rejection-sampling"], "--speculative-use-rejection-sampling"),
     (["--tp-size", "2"], "--tp-size"),
     (["--tokenizer-worker-num", "2"], "--tokenizer-worker-num"),
+    (["--nanospec-adaptive-skip-extend"], "--nanospec-adaptive-skip-extend"),
+    (["--nanospec-adaptive", "--speculative-adaptive"], "--nanospec-adaptive"),
 ]
 
 

@@ -1,0 +1,258 @@
+"""Adaptive speculation inside SGLang's speculative worker, for every draft kind we serve.
+
+SGLang 0.5.23 already switches the draft depth at run time: an `AdaptiveController` holds
+one prebuilt runtime state (attention backends, graph runners) per candidate step count and
+applies one before each decode step (`activate_step_by_batch`), fed after each verify
+(`on_verify_complete_cpu`). Its own policy (`--speculative-adaptive`) covers EAGLE/EAGLE-3
+with top-k 1 only, and its STANDALONE worker leaves the controller out. We plug our policy
+(`adaptive/policy.py`: goodput under a per-host cost model) into that same controller,
+installed after the worker has built its graphs, so STANDALONE drafts and top-k > 1 trees
+get it too. The candidate depths never exceed the launch's `--speculative-num-steps`, so
+every buffer SGLang and NanoSpec sized at start (verify width, packed head, windows) fits
+them all.
+
+At depth 0 SGLang verifies the last bonus token alone (a plain decode through the verify
+path) and still runs the draft extend, where NanoSpec's `on_verify` appends the verified
+token and the target's top-K_ver to the window: the window state stays exact. With
+`--nanospec-adaptive-skip-extend` SGLang skips that extend (`_stub_skipped_draft_extend`);
+we call `on_verify` there ourselves, so the window still gets every verified token.
+With `--speculative-adaptive` (SGLang's policy) we install nothing but still time the steps
+and publish the depth each one ran at.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import torch
+from sglang.srt.arg_groups.overrides import resolved_view, resolving_view
+from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.runtime_context import attn_dp_enabled_of, get_exec
+from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
+from sglang.srt.speculative.spec_utils import draft_tp_context
+
+from nanospec_server.adaptive.policy import Decision, GoodputPolicy
+from nanospec_server.config import NanoSpecConfig
+
+logger = logging.getLogger(__name__)
+
+WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
+RECENT_STEPS = 64  # steps /stats/vocab lists, newest last
+SKIP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+CUDA_TIME_EVERY = 8  # on a GPU a timed step costs two host syncs: time one step in 8
+
+
+class GoodputAdapter:
+    """Our policy behind SGLang's `AdaptiveSpecPolicy` protocol."""
+
+    def __init__(self, policy: GoodputPolicy, state: AdaptiveState) -> None:
+        self.policy = policy
+        self.state = state
+        self._graph_bs: list[int] | None = None
+
+    @property
+    def candidate_steps(self) -> list[int]:
+        return self.policy.candidates
+
+    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+        self._graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
+
+    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
+        return self._graph_bs  # any batch size may run at any depth
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        decision = self.policy.choose(batch_size)
+        self.state.last_decision = decision
+        return decision.depth
+
+    def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int):
+        # The depth in force: with SGLang's overlap schedule (GPU) these counts can arrive a
+        # step after a switch, which the estimate absorbs; the CPU path has no overlap.
+        self.policy.acceptance.observe(num_correct_drafts_per_req, self.state.depth_in_force)
+        return None  # the next step's `get_steps_for_batch` decides
+
+
+@dataclass
+class AdaptiveState:
+    """What one scheduler process publishes about adaptive speculation."""
+
+    policy_name: str  # "goodput" (ours), "sglang" (--speculative-adaptive) or "off"
+    candidates: list[int]
+    policy: GoodputPolicy | None = None
+    depth_in_force: int = 0
+    last_decision: Decision | None = None
+    steps_by_depth: Counter = field(default_factory=Counter)
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+    timed_steps: int = 0
+
+    def record(self, batch_size: int, depth: int, seconds: float | None) -> None:
+        self.steps_by_depth[depth] += 1
+        reason = self.last_decision.reason if self.last_decision else None
+        entry = {"batch_size": batch_size, "depth": depth, "reason": reason}
+        entry["step_ms"] = round(1000 * seconds, 3) if seconds is not None else None
+        self.recent.append(entry)
+        if seconds is not None and self.policy is not None:
+            self.policy.cost.observe(batch_size, depth, seconds)
+
+    def published(self) -> dict:
+        out = {
+            "policy": self.policy_name,
+            "skip_extend_at_depth_0": os.environ.get(SKIP_EXTEND_ENV) == "1",
+            "enabled": self.policy.enabled if self.policy else self.policy_name == "sglang",
+            "candidate_depths": self.candidates,
+            "depth_in_force": self.depth_in_force,
+            "steps_by_depth": {str(k): v for k, v in sorted(self.steps_by_depth.items())},
+            "recent_steps": list(self.recent),
+        }
+        if self.policy is not None:
+            cost = self.policy.cost
+            out["acceptance_rate"] = self.policy.acceptance.rate
+            out["cost_model_ready"] = cost.ready
+            out["cost_model_ms"] = (
+                [round(1000 * float(c), 4) for c in cost.coefficients()] if cost.ready else None
+            )
+            decision = self.last_decision
+            out["last_goodput"] = (
+                {str(k): v for k, v in decision.goodput.items()} if decision else {}
+            )
+        return out
+
+
+ADAPTIVE: AdaptiveState | None = None  # one per scheduler process
+
+
+def candidate_depths(worker) -> list[int]:
+    """Every depth up to the launch's for a chain (top-k 1); for a tree, drafting on or off
+    (its node budget is tuned for the full depth; shallower trees would need their own)."""
+    deepest = worker.speculative_num_steps
+    return list(range(deepest + 1)) if worker.topk == 1 else [0, deepest]
+
+
+def install(worker, config: NanoSpecConfig) -> None:
+    """AFTER `EAGLEWorkerV2.init_cuda_graphs` (STANDALONE's worker inherits it)."""
+    global ADAPTIVE
+    if getattr(worker, "_draft_worker", None) is None:
+        return  # a pipeline stage that does not draft
+    if worker.adaptive_controller is not None:  # --speculative-adaptive: SGLang's policy
+        ADAPTIVE = AdaptiveState("sglang", worker.adaptive_controller.candidate_steps)
+        ADAPTIVE.depth_in_force = worker.speculative_num_steps
+        return
+    if not config.adaptive:
+        ADAPTIVE = AdaptiveState("off", [worker.speculative_num_steps])
+        ADAPTIVE.depth_in_force = worker.speculative_num_steps
+        return
+    if reason := unsupported_reason(worker.server_args):
+        raise ValueError(f"--nanospec-adaptive: not with {reason}")
+    candidates = candidate_depths(worker)
+    policy = GoodputPolicy(candidates)
+    ADAPTIVE = AdaptiveState("goodput", candidates, policy)
+    controller = AdaptiveController(worker, GoodputAdapter(policy, ADAPTIVE))
+    with draft_tp_context(worker._draft_worker.parallel_layout):  # as SGLang builds its own
+        controller.register(_current_state(worker))
+        if worker.topk > 1:  # SGLang's controller would build a chain's width (steps + 1)
+            controller.register(worker.build_adaptive_runtime_state(0, 1, cuda_graph_bs=None))
+        controller.init_states(cuda_graph_bs=_graph_batch_sizes())
+    worker.adaptive_controller = controller
+    ADAPTIVE.depth_in_force = worker.speculative_num_steps
+    logger.info("nanospec: adaptive speculation (goodput), depths %s", candidates)
+
+
+def unsupported_reason(server_args) -> str | None:
+    """What rules out switching the depth at run time (SGLang refuses its own policy for the
+    same reasons; STANDALONE drafts and top-k > 1 trees, which it also refuses, are what ours
+    adds). None if nothing does."""
+    view, resolving = resolved_view(server_args), resolving_view(server_args)
+    if attn_dp_enabled_of(view):
+        return "attention DP (each rank would choose its own depth)"
+    if view.enable_multi_layer_eagle:
+        return "--enable-multi-layer-eagle"
+    if resolving.enable_two_batch_overlap:
+        return "--enable-two-batch-overlap"
+    if resolving.enable_pdmux:
+        return "--enable-pdmux"
+    return None
+
+
+def _current_state(worker) -> SpecRuntimeState:
+    """The state the worker runs now (what SGLang registers for its own policy)."""
+    draft, target = worker._draft_worker, worker._target_worker.model_runner
+    return SpecRuntimeState(
+        speculative_num_steps=worker.speculative_num_steps,
+        speculative_num_draft_tokens=worker.speculative_num_draft_tokens,
+        draft_attn_backend=draft.draft_attn_backend,
+        cuda_graph_runner=draft.cuda_graph_runner,
+        target_attn_backend=target.attn_backend,
+        target_graph_runner=target.decode_cuda_graph_runner,
+        draft_extend_attn_backend=draft.draft_extend_attn_backend,
+        cuda_graph_runner_for_draft_extend=draft.cuda_graph_runner_for_draft_extend,
+    )
+
+
+def _graph_batch_sizes() -> list[int] | None:
+    if check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED):
+        return None
+    return get_exec().graph.cuda_graph_bs_decode
+
+
+def after_init_cuda_graphs(result, worker, *args, **kwargs):
+    install(worker, NanoSpecConfig.from_env())
+    return result
+
+
+def timed_forward(original, worker, batch, *args, **kwargs):
+    """AROUND `forward_batch_generation`: a decode step's wall time, at the depth it ran."""
+    state = ADAPTIVE
+    decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
+    if state is None or not decode or batch.forward_mode.is_idle():
+        return original(worker, batch, *args, **kwargs)
+    cuda = worker.device == "cuda" or str(worker.device).startswith("cuda")
+    timed = not cuda or state.timed_steps % CUDA_TIME_EVERY == 0
+    state.timed_steps += 1
+    if timed and cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = original(worker, batch, *args, **kwargs)
+    if timed and cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start if timed else None
+    state.depth_in_force = worker.speculative_num_steps
+    state.record(batch.seq_lens.shape[0], worker.speculative_num_steps, seconds)
+    return result
+
+
+def window_update_without_extend(result, worker, batch, batch_output, *args, **kwargs):
+    """AFTER `_stub_skipped_draft_extend`: the depth-0 step's verified token and top-K_ver
+    enter NanoSpec's window, as the skipped draft extend would have had them enter."""
+    worker._draft_worker.nanospec.on_verify(batch, batch_output, 0)
+    return result
+
+
+def register_hooks() -> None:
+    HookRegistry.register(f"{WORKER}.init_cuda_graphs", after_init_cuda_graphs, HookType.AFTER)
+    HookRegistry.register(f"{WORKER}.forward_batch_generation", timed_forward, HookType.AROUND)
+    HookRegistry.register(
+        f"{WORKER}._stub_skipped_draft_extend", window_update_without_extend, HookType.AFTER
+    )
+
+
+def live_change_problem(changes: dict) -> str | None:
+    """Why a live `adaptive` change cannot apply here, or None."""
+    if "adaptive" not in changes:
+        return None
+    if ADAPTIVE is None or ADAPTIVE.policy is None:
+        return "adaptive: start the server with --nanospec-adaptive to switch it live"
+    return None
+
+
+def apply_live(config: NanoSpecConfig) -> None:
+    if ADAPTIVE is not None and ADAPTIVE.policy is not None:
+        ADAPTIVE.policy.enabled = config.adaptive
+
+
+def published() -> dict | None:
+    return ADAPTIVE.published() if ADAPTIVE is not None else None

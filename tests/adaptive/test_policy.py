@@ -1,0 +1,161 @@
+"""The goodput policy's decisions against its own cost model, and the estimators behind it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanospec_server.adaptive.policy import (
+    AcceptanceEstimate,
+    GoodputPolicy,
+    StepCostModel,
+    step_features,
+)
+
+coefficient = st.floats(0.0, 0.05, allow_nan=False)
+
+
+def exact_cost_model(coef: np.ndarray, depths: list[int], sizes: list[int]) -> StepCostModel:
+    model = StepCostModel()
+    for b in sizes:
+        for k in depths:
+            model.observe(b, k, float(step_features(b, k) @ coef))
+    return model
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(coefficient, min_size=4, max_size=4), st.integers(1, 64), st.integers(0, 7))
+def test_cost_model_recovers_a_linear_host(coef, batch_size, depth) -> None:
+    coef = np.array(coef) + np.array([1e-3, 0, 0, 0])
+    model = exact_cost_model(coef, [0, 1, 3, 5], [1, 4, 8, 16])
+    truth = float(step_features(batch_size, depth) @ coef)
+    assert model.predict(batch_size, depth) == pytest.approx(truth, rel=1e-6, abs=1e-9)
+
+
+def test_cost_model_forgets_old_timings() -> None:
+    model = StepCostModel(window=8)
+    for k in (0, 1, 2, 3) * 2:
+        model.observe(1, k, 1.0)  # a slow host ...
+    for k in (0, 1, 2, 3) * 2:
+        model.observe(1, k, 0.1)  # ... that got fast: only these remain
+    assert model.predict(1, 2) == pytest.approx(0.1)
+
+
+def test_cost_model_needs_two_depths() -> None:
+    model = StepCostModel()
+    for b in range(1, 9):
+        model.observe(b, 3, 0.01 * b)
+    assert not model.ready
+    for _ in range(model.min_samples):
+        assert not model.ready
+        model.observe(1, 0, 0.005)
+    assert model.ready
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.0, 1.0), st.integers(1, 7), st.integers(0, 2**32 - 1))
+def test_acceptance_estimate_converges_to_the_geometric_rate(p, depth, seed) -> None:
+    rng = np.random.default_rng(seed)
+    estimate = AcceptanceEstimate(decay=1.0, successes=0.0, trials=1e-9)
+    for _ in range(400):
+        accepted = []
+        for _ in range(4):
+            a = 0
+            while a < depth and rng.random() < p:
+                a += 1
+            accepted.append(a)
+        estimate.observe(accepted, depth)
+    assert estimate.rate == pytest.approx(p, abs=0.08)
+
+
+def test_no_draft_no_acceptance_evidence() -> None:
+    estimate = AcceptanceEstimate()
+    estimate.observe([0, 0, 0], depth=0)
+    assert estimate.rate == 0.5
+
+
+def test_expected_tokens_is_the_geometric_sum() -> None:
+    estimate = AcceptanceEstimate(successes=3.0, trials=4.0)  # p = 0.75
+    assert estimate.expected_tokens(0) == 1.0
+    assert estimate.expected_tokens(3) == pytest.approx(1 + 0.75 + 0.75**2 + 0.75**3)
+
+
+def ready_policy(coef: np.ndarray, p: float, candidates: list[int], **kw) -> GoodputPolicy:
+    policy = GoodputPolicy(candidates, probe_every=10**9, **kw)
+    policy.cost = exact_cost_model(coef, candidates, [1, 2, 4, 8, 16, 32])
+    policy.acceptance = AcceptanceEstimate(successes=p * 1000, trials=1000)
+    return policy
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(coefficient, min_size=4, max_size=4),
+    st.floats(0.0, 0.99),
+    st.integers(1, 48),
+)
+def test_decision_maximises_predicted_goodput(coef, p, batch_size) -> None:
+    """With no hysteresis the chosen depth is the argmax of b * E[tokens | k] / T(b, k)."""
+    coef = np.array(coef) + np.array([1e-3, 0, 0, 0])
+    policy = ready_policy(coef, p, [0, 1, 2, 3, 4, 5], min_gain=0.0)
+    decision = policy.choose(batch_size)
+
+    def goodput(k: int) -> float:
+        tokens = sum(p**i for i in range(k + 1))
+        return batch_size * tokens / float(step_features(batch_size, k) @ coef)
+
+    best = max(goodput(k) for k in policy.candidates)
+    assert goodput(decision.depth) == pytest.approx(best, rel=1e-6)
+    assert decision.reason == "goodput"
+
+
+def test_drafting_stops_where_verify_cost_outgrows_acceptance() -> None:
+    """A host where reading the weights dominates a small batch and a drafted token costs
+    as much as a request's decode (a 2-core CPU): at p = 0.6 speculation pays at batch 1
+    and is switched off at batch 16."""
+    # 100 ms fixed, 10 ms per request, 5 ms per draft step, 10 ms per drafted token
+    coef = np.array([0.100, 0.010, 0.005, 0.010])
+    policy = ready_policy(coef, 0.6, [0, 1, 2, 3])
+    assert policy.choose(1).depth > 0
+    policy.settled = None
+    assert policy.choose(16).depth == 0
+
+
+def test_hysteresis_holds_a_depth_against_a_small_gain() -> None:
+    coef = np.array([0.010, 0.001, 0.001, 0.0001])
+    policy = ready_policy(coef, 0.5, [0, 1, 2, 3], min_gain=10.0)  # nothing beats 11x
+    first = policy.choose(4).depth
+    policy.acceptance = AcceptanceEstimate(successes=999, trials=1000)  # now deeper pays
+    assert policy.choose(4).depth == first and policy.choose(4).reason == "hold"
+
+
+def test_explores_every_depth_until_timed_then_probes() -> None:
+    policy = GoodputPolicy([0, 1, 3], probe_every=5)
+    explored = []
+    while (decision := policy.choose(1)).reason == "explore":
+        explored.append(decision.depth)
+        policy.cost.observe(1, decision.depth, 0.01 + 0.001 * decision.depth)
+    assert set(explored) == {0, 1, 3} and len(explored) <= 3 * policy.cost.min_samples
+    reasons = [policy.choose(1).reason for _ in range(10)]
+    assert reasons.count("probe") == 2 and "explore" not in reasons
+
+
+def test_cost_model_ignores_stalled_steps() -> None:
+    """A step the host stalled for a whole scheduler slice moves a median, not a fit."""
+    model = StepCostModel()
+    for k in (0, 1, 2) * 5:
+        model.observe(4, k, 0.010 + 0.002 * k)
+    model.observe(4, 1, 2.0)  # stalled
+    assert model.predict(4, 1) == pytest.approx(0.012)
+
+
+def test_off_drafts_at_the_launch_depth() -> None:
+    policy = ready_policy(np.array([0.03, 0.02, 0.01, 0.004]), 0.1, [0, 1, 2, 3])
+    policy.enabled = False
+    assert policy.choose(32).depth == 3 and policy.choose(32).reason == "fixed"
+
+
+def test_bad_candidates_are_refused() -> None:
+    with pytest.raises(ValueError, match="non-negative"):
+        GoodputPolicy([-1, 2])

@@ -1,0 +1,180 @@
+"""Adaptive speculation in SGLang's real workers: lossless while the depth changes mid-run.
+
+Ours (`--nanospec-adaptive`) for every draft kind: EAGLE and STANDALONE chains, an EAGLE
+top-k 2 tree; SGLang's own (`--speculative-adaptive`) composed with NanoSpec. Requests
+arrive one after another and finish at different lengths, so batch sizes change under the
+policy. The agree pair (a context-free target, a draft that predicts it whenever the
+successor is in its vocabulary) makes every draft token accepted while NanoSpec's state is
+right, so a stale window or packed head after a depth change shows as a rejection.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from nanospec_server.bench.server import generate, speculative_flags
+from nanospec_server.models.tiny.tokenizer import BOS_ID, VOCAB_SIZE
+from tests.serving.conftest import ADMIN_KEY, make_prompts
+from tests.serving.test_nanospec_modes import CHAIN_PROMPTS
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
+
+PROMPTS = make_prompts(count=6, seed=21) + CHAIN_PROMPTS[:4]
+MAX_NEW = [6 + 5 * (i % 5) for i in range(len(PROMPTS))]
+ARRIVAL_GAP_S = 0.15
+W_MAX = 8192  # the stale-state check needs a whole lap of the vocabulary in the window
+STALE_STATE_CHECKED = {"eagle-chain", "standalone-chain-skip"}
+SKIP_EXTEND = ["--nanospec-adaptive-skip-extend"]
+KINDS = {
+    "eagle-chain": speculative_flags("EAGLE", "agree-eagle", 3, 1, 4),
+    "standalone-chain": speculative_flags("STANDALONE", "agree-standalone", 3, 1, 4),
+    # a depth-0 step without the draft model's extend pass (SGLang's switch)
+    "standalone-chain-skip": speculative_flags("STANDALONE", "agree-standalone", 3, 1, 4)
+    + SKIP_EXTEND,
+    "eagle-tree": speculative_flags("EAGLE", "agree-eagle", 3, 2, 6),
+}
+
+
+def generate_staggered(url: str) -> list[list[int]]:
+    """Each prompt sent ARRIVAL_GAP_S after the one before: the batch grows as requests
+    arrive and shrinks as the short ones finish."""
+
+    def one(i: int) -> list[int]:
+        time.sleep(i * ARRIVAL_GAP_S)
+        return generate(url, PROMPTS[i], MAX_NEW[i])["output_ids"]
+
+    with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
+        return list(pool.map(one, range(len(PROMPTS))))
+
+
+def adaptive_stats(url: str) -> dict:
+    return requests.get(f"{url}/stats/vocab", timeout=60).json()["adaptive"]
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(serve) -> list[list[int]]:
+    with serve("agree-target", []) as url:
+        return generate_staggered(url)
+
+
+def set_adaptive(url: str, on: bool) -> requests.Response:
+    return requests.post(
+        f"{url}/nanospec/settings",
+        json={"adaptive": on},
+        headers={"X-Admin-Key": ADMIN_KEY},
+        timeout=60,
+    )
+
+
+# STANDALONE with the extend kept at depth 0 runs the paths the other two chains cover
+# (SGLang's own extend; our controller on a STANDALONE worker): slow, to keep CI short.
+KIND_PARAMS = [
+    pytest.param(kind, marks=pytest.mark.slow) if kind == "standalone-chain" else kind
+    for kind in KINDS
+]
+
+
+@pytest.mark.parametrize("kind", KIND_PARAMS)
+def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind: str) -> None:
+    flags = KINDS[kind] + ["--nanospec-adaptive", "--nanospec-w-max", str(W_MAX)]
+    with serve("agree-target", flags) as url:
+        if kind in STALE_STATE_CHECKED:
+            check_no_stale_state(url)
+            assert set_adaptive(url, True).status_code == 200
+        assert generate_staggered(url) == plain_outputs
+        stats = adaptive_stats(url)
+    assert stats["policy"] == "goodput" and stats["enabled"]
+    assert stats["candidate_depths"] == ([0, 3] if kind.endswith("tree") else [0, 1, 2, 3])
+    assert stats["skip_extend_at_depth_0"] == kind.endswith("skip")
+    ran = {int(depth) for depth in stats["steps_by_depth"]}
+    assert 0 in ran and len(ran) >= 2, stats  # the depth did change during the run
+    sizes = {step["batch_size"] for step in stats["recent_steps"]}
+    assert len(sizes) >= 2, stats  # ... under changing batch sizes
+    assert all(step["step_ms"] > 0 for step in stats["recent_steps"])  # timed on a CPU
+
+
+def streamed_snapshots(
+    url: str, input_ids: list[int], max_new_tokens: int
+) -> tuple[list[dict], dict]:
+    """The request's NanoSpec statistics as each streamed chunk left the server (a reply
+    that is not streamed carries one snapshot per ~50 tokens), and the last meta_info."""
+    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+    body = {"input_ids": input_ids, "sampling_params": params, "stream": True}
+    snapshots, meta = [], {}
+    with requests.post(f"{url}/generate", json=body, stream=True, timeout=600) as response:
+        assert response.status_code == 200, response.text
+        for line in response.iter_lines():
+            if line.startswith(b"data: {"):
+                meta = json.loads(line[len(b"data: ") :])["meta_info"]
+                snapshots.append(meta["nanospec"][-1])
+    return snapshots, meta
+
+
+def check_no_stale_state(url: str) -> None:
+    """The target walks one cycle through the vocabulary; the prompt holds its first token
+    only, so on the second lap every token must come from the candidate stream, including
+    those of the first steps, which explore every depth (0 too). A window, packed head or
+    per-request state left stale by a switch rejects a draft token there: on the second lap
+    every drafted token must be accepted, and `drafted_tokens` counts the depths as run.
+    With the draft extend skipped at depth 0, our hook must still feed the window."""
+    cycle = VOCAB_SIZE - 3
+    switched = threading.Event()
+
+    def fix_depth_once_depth_zero_ran() -> None:
+        # Off, the policy drafts at the launch depth: the second lap runs deep.
+        while not switched.is_set():
+            if "0" in adaptive_stats(url)["steps_by_depth"]:
+                response = set_adaptive(url, False)
+                assert response.status_code == 200, response.text
+                switched.set()
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=fix_depth_once_depth_zero_ran, daemon=True)
+    watcher.start()
+    # A second lap of 400 tokens: ~100 steps, so that its chunks reach the client apart
+    # even where a loaded host merges a stream's chunks.
+    snapshots, meta = streamed_snapshots(url, [BOS_ID, 5], cycle + 400)
+    switched.set()
+    watcher.join()
+    adaptive = adaptive_stats(url)
+    assert adaptive["enabled"] is False
+    assert {"0", "3"} <= set(adaptive["steps_by_depth"]), adaptive
+    assert [s["draft_steps"] for s in snapshots] == sorted(s["draft_steps"] for s in snapshots)
+    last = snapshots[-1]
+    assert last["drafted_tokens"] < 3 * last["draft_steps"]  # not every step at depth 3
+    # Every step counted, depth-0 ones too (with the extend skipped, through our hook):
+    # SGLang's own count of verify passes, and every token sent was emitted by one.
+    assert last["draft_steps"] == meta["spec_verify_ct"], (last, meta["spec_verify_ct"])
+    assert last["emitted_tokens"] >= meta["completion_tokens"], last
+    # The second lap: from the first snapshot past one cycle to the one before the last
+    # (the last step may draft past max_new_tokens and have its tail cut).
+    lap = [s for s in snapshots if s["emitted_tokens"] > cycle + 3][:-1]
+    assert len(lap) >= 2, [s["emitted_tokens"] for s in snapshots]
+    drafted = lap[-1]["drafted_tokens"] - lap[0]["drafted_tokens"]
+    accepted = lap[-1]["accepted_draft_tokens"] - lap[0]["accepted_draft_tokens"]
+    assert drafted >= 60 and accepted == drafted, (drafted, accepted)
+
+
+def test_sglang_policy_composes_with_nanospec(serve, plain_outputs, tmp_path) -> None:
+    """SGLang's own --speculative-adaptive, tuned to switch at once: up to 5 steps (past
+    the launch's 3; SGLang sizes its buffers for the largest) alone, 0 or 2 in a batch.
+    Our live switch needs our policy: refused here, with the flag named."""
+    fast = {"warmup_batches": 0, "update_interval": 1, "down_hysteresis": 0.0}
+    config = {"1": {"candidate_steps": [1, 3, 5], **fast}, "2": {"candidate_steps": [0, 2], **fast}}
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps(config))
+    flags = KINDS["eagle-chain"] + ["--speculative-adaptive"]
+    flags += ["--speculative-adaptive-config", str(path)]
+    with serve("agree-target", flags) as url:
+        assert generate_staggered(url) == plain_outputs
+        stats = adaptive_stats(url)
+        refused = set_adaptive(url, True)
+    assert stats["policy"] == "sglang"
+    assert len(stats["steps_by_depth"]) >= 2, stats
+    assert refused.status_code == 400 and "--nanospec-adaptive" in refused.text

@@ -1,0 +1,45 @@
+"""What rules out our adaptive policy at start, and which depths it chooses among."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from nanospec_server import host
+
+
+@pytest.fixture(scope="module")
+def adaptive():
+    host.prepare_cpu_environment()  # before SGLang's platform detection
+    from nanospec_server.sglang_plugin import adaptive
+
+    return adaptive
+
+
+def server_args(*extra: str):
+    from sglang.srt.server_args import prepare_server_args
+
+    from nanospec_server.models.tiny import tiny_model_path
+
+    argv = ["--model-path", str(tiny_model_path("agree-target")), "--device", "cpu"]
+    argv += ["--speculative-algorithm", "STANDALONE", "--speculative-eagle-topk", "2"]
+    argv += ["--speculative-draft-model-path", str(tiny_model_path("agree-standalone"))]
+    argv += ["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6", *extra]
+    args = prepare_server_args(argv)
+    args.resolve_once()
+    return args
+
+
+def test_standalone_trees_are_ours_to_adapt_but_two_batch_overlap_is_not(adaptive) -> None:
+    assert adaptive.unsupported_reason(server_args()) is None  # SGLang refuses both
+    assert adaptive.unsupported_reason(server_args("--enable-two-batch-overlap")) == (
+        "--enable-two-batch-overlap"
+    )
+
+
+def test_a_chain_adapts_every_depth_a_tree_all_or_nothing(adaptive) -> None:
+    assert adaptive.candidate_depths(SimpleNamespace(speculative_num_steps=4, topk=1)) == [
+        0, 1, 2, 3, 4,
+    ]  # fmt: skip
+    assert adaptive.candidate_depths(SimpleNamespace(speculative_num_steps=4, topk=4)) == [0, 4]
