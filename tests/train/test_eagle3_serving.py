@@ -90,6 +90,6 @@ def test_sglang_serves_the_trained_heads_losslessly(heads: dict[str, Path], tmp_
         accept = [r["meta_info"]["spec_accept_length"] for r in outputs]
         print(f"{name}: acceptance {sum(accept) / len(accept):.2f}")
         if name.startswith("pruned"):
-            # a random tiny EAGLE-3 head gets ~1.0 here; a head SGLang computed
-            # differently from training would too
+            # an untrained head guesses at chance over 512 rows; a head SGLang computed
+            # differently from training would be near that too (trained: ~1.2-1.4)
             assert sum(accept) / len(accept) > 1.1, (name, accept)
