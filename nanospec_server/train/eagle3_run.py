@@ -78,7 +78,7 @@ def train_eagle3(request: TrainRequest) -> TrainReport:
         warmup_steps=min(recipe.warmup_steps, max(1, recipe.steps // 10)),
         unroll_steps=recipe.unroll_steps,
         cls_stride=recipe.cls_stride,
-        eval_every=max(1, recipe.steps // 12),  # a curve of acceptance against tokens
+        eval_every=max(1, recipe.steps // 8),  # a curve of acceptance against tokens
         checkpoint_every=25,
         bf16=bf16,
     )

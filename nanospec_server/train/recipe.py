@@ -85,14 +85,15 @@ RECIPES: dict[str, Recipe] = {
 
 # EAGLE-3 recipes (issue 19). The 0.5B one is sized for one session on the loaded 2-core
 # host: 128 prompts answered in one batch (16 validation prompts took 12.7 min at load ~12,
-# the 128 ~30 min), then 240 steps of 8 rows (~15 epochs) with a 4-step training-time test,
-# evaluated every 20 steps and checkpointed (eagle3_loop.py), so a later session resumes it.
-# D: 16k tokens, more than the answers use, which keeps the head's own LM head (the
-# target's rows of D, frozen) at 29 MB.
+# the 128 ~30 min), then 120 steps of 8 rows (~7 epochs) with a 4-step training-time test
+# (~1.2 TFLOP a step: 4x the layer of an EAGLE-1 step), evaluated every 15 steps and
+# checkpointed (eagle3_loop.py), so a later session resumes it or continues with more
+# --steps. D: 16k tokens, more than the answers use, which keeps the head's own LM head
+# (the target's rows of D, frozen) at 29 MB.
 EAGLE3_RECIPES: dict[str, Recipe] = {
     "qwen2.5-coder-0.5b-instruct": Recipe(
-        tokens=128 * 320, val_tokens=16 * 320, seq_len=320, steps=240, batch_rows=8,
-        lr=1e-3, warmup_steps=20, cls_stride=4, arch="eagle3", draft_vocab_size=16_384,
+        tokens=128 * 320, val_tokens=16 * 320, seq_len=320, steps=120, batch_rows=8,
+        lr=1e-3, warmup_steps=10, cls_stride=4, arch="eagle3", draft_vocab_size=16_384,
         unroll_steps=4,
     ),
 }  # fmt: skip
