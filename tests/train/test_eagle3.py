@@ -242,3 +242,30 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch) -> None
     fresh = train(head, rows, rows, embed, draft_ids, cfg, CPU,
                   torch.Generator().manual_seed(0), checkpoint, "other")  # fmt: skip
     assert fresh.evals[0]["step"] == 0 and len(fresh.train_loss) == cfg.steps
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--arch", "eagle3", "--aux-layers", "1,x"], "--aux-layers"),
+        (["--arch", "eagle3", "--aux-layers", "1,1"], "--aux-layers"),
+        (["--arch", "eagle3", "--draft-vocab-size", "-2"], "--draft-vocab-size"),
+        (["--arch", "eagle4"], "--arch"),
+    ],
+)
+def test_bad_eagle3_flags_are_argparse_errors(argv: list[str], flag: str, capsys) -> None:
+    from tests.train.test_train_eagle import _parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        _parser().parse_args(["train-eagle", "--target", "t", "--output", "x", *argv])
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["--draft-vocab-size", "0"], ["--aux-layers", "1,2,3"]])
+def test_eagle3_flags_need_the_eagle3_arch(flag: list[str]) -> None:
+    from tests.train.test_train_eagle import _parser
+
+    args = _parser().parse_args(["train-eagle", "--target", "t", "--output", "x", *flag])
+    with pytest.raises(SystemExit, match=f"{flag[0]} needs --arch eagle3"):
+        args.func(args)
