@@ -87,8 +87,8 @@ RECIPES: dict[str, Recipe] = {
 # host: 128 prompts answered in one batch (16 validation prompts took 12.7 min at load ~12,
 # the 128 ~30 min), then 120 steps of 8 rows (~7 epochs) with a 4-step training-time test
 # (~1.2 TFLOP a step: 4x the layer of an EAGLE-1 step), evaluated every 15 steps and
-# checkpointed (eagle3_loop.py), so a later session resumes it or continues with more
-# --steps. D: 16k tokens, more than the answers use, which keeps the head's own LM head
+# checkpointed (eagle3_loop.py), so a later session resumes it with the same command (other
+# sizes, --steps included, train afresh on the cached answers). D: 16k tokens, more than the answers use, which keeps the head's own LM head
 # (the target's rows of D, frozen) at 29 MB.
 EAGLE3_RECIPES: dict[str, Recipe] = {
     "qwen2.5-coder-0.5b-instruct": Recipe(
