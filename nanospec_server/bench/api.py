@@ -49,6 +49,7 @@ class BenchSettings:
     target: str = "qwen2.5-coder-1.5b-instruct"  # registry name or model directory
     standalone: list[str] = field(default_factory=lambda: ["qwen2.5-coder-0.5b-instruct"])
     eagle: list[str] = field(default_factory=list)
+    eagle3: list[str] = field(default_factory=list)  # EAGLE-3 heads (SpecForge's layout)
     # draft tree shapes: (steps, top-k, draft tokens), each a configuration of every draft
     shapes: list[tuple[int, int, int]] = field(default_factory=lambda: [(4, 1, 5)])
     modes: list[str] = field(default_factory=lambda: list(ANALYSES["main"]["modes"]))
@@ -79,6 +80,8 @@ class BenchSettings:
             del values["tpe_token_map"]
         if not values["adaptive"]:
             del values["adaptive"]  # runs from before the field keep their directory
+        if not values["eagle3"]:  # runs from before EAGLE-3 heads keep their directories
+            del values["eagle3"]
         return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -110,6 +113,7 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
     target = _model_dir(settings.target, settings.tiny)
     shapes = [tuple(s) for s in settings.shapes]
     drafts = drafts_for("EAGLE", [_model_dir(p, settings.tiny) for p in settings.eagle], shapes)
+    drafts += drafts_for("EAGLE3", [_model_dir(p, settings.tiny) for p in settings.eagle3], shapes)  # fmt: skip
     drafts += drafts_for("STANDALONE", [_model_dir(p, settings.tiny) for p in settings.standalone], shapes)  # fmt: skip
     vocab_size = json.loads((target / "config.json").read_text())["vocab_size"]
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -88,6 +88,9 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--target", help="target model: registry name or directory")
     run.add_argument("--standalone", nargs="*", help="STANDALONE draft models (names or dirs)")
     run.add_argument("--eagle", nargs="*", help="EAGLE head directories")
+    run.add_argument("--eagle3", nargs="*",
+                     help="EAGLE-3 head directories or tiny names (--speculative-algorithm "
+                          "EAGLE3; static: the head's own d2t)")  # fmt: skip
     run.add_argument("--shape", nargs="+", type=_shape,
                      help="draft tree STEPS,TOPK,TOKENS, one or more (default 4,1,5)")  # fmt: skip
     run.add_argument(
@@ -186,6 +189,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
         if not on_gpu and not args.tiny:
             values |= QUICK_CPU
     given = {"target": args.target, "standalone": args.standalone, "eagle": args.eagle,
+             "eagle3": args.eagle3,
              "shapes": args.shape, "modes": args.modes, "static_ks": args.static_k,
              "w_maxes": args.w_max, "prior_ks": args.prior_k, "tasks": args.tasks, "specbench": args.specbench,
              "limit_per_task": args.limit_per_task, "seed": args.seed, "repeats": args.repeats,
@@ -202,8 +206,8 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
         parser.error(f"--tpe-token-map: no such file: {args.tpe_token_map}")
     if args.tpe_token_map and "static" not in settings.modes:
         parser.error("--tpe-token-map: needs the static mode among --modes")
-    if not settings.standalone and not settings.eagle:
-        parser.error("--standalone/--eagle: give at least one draft")
+    if not settings.standalone and not settings.eagle and not settings.eagle3:
+        parser.error("--standalone/--eagle/--eagle3: give at least one draft")
     if settings.adaptive and "nanospec" not in settings.modes:
         parser.error(
             "--adaptive: runs the nanospec configurations adaptively; add nanospec to --modes"

@@ -9,6 +9,11 @@ adds ``-p<k>``: ``standalone-nanospec-p2048``. A token map from `nanospec vocab 
 (coverage-latency trimming, TPE) is one more static configuration: ``eagle-static-tpe``.
 Several drafts of one kind are numbered
 (``eagle2-full``), several tree shapes tagged (``eagle_4x4x8-full``).
+
+EAGLE-3 heads (``Draft("EAGLE3", ...)``, named ``eagle3-<mode>``) run every mode too;
+their ``static`` is the head's own d2t vocabulary, named by its size (``eagle3-static-16k``;
+no token map: SGLang ignores one under EAGLE-3), and a head without d2t gets no static
+configuration, which the server would refuse.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ DEFAULT_W_MAX = 3072
 
 @dataclass(frozen=True)
 class Draft:
-    algorithm: str  # "EAGLE" or "STANDALONE"
+    algorithm: str  # "EAGLE", "EAGLE3" or "STANDALONE"
     path: Path
     steps: int = 4
     topk: int = 1
@@ -80,6 +85,17 @@ def parse_size(text: str) -> int:
     return value
 
 
+def d2t_size(head_dir: Path) -> int | None:
+    """|D| of an EAGLE-3 head with a pruned vocabulary (its ``d2t`` buffer), else None."""
+    from safetensors import safe_open
+
+    for file in sorted(Path(head_dir).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            if "d2t" in handle.keys():
+                return handle.get_slice("d2t").get_shape()[0]
+    return None
+
+
 def build_configs(
     drafts: list[Draft],
     modes: list[str],
@@ -98,6 +114,13 @@ def build_configs(
     for draft in drafts:
         spec = speculative_flags(draft.algorithm, draft.path, draft.steps, draft.topk, draft.tokens)
         for mode in modes:
+            if mode == "static" and draft.algorithm == "EAGLE3":
+                size = d2t_size(draft.path)
+                if size is not None:
+                    name = f"{draft.label}-static-{size_label(size)}"
+                    flags = (*spec, "--nanospec-mode", "static")
+                    configs.append(BenchConfig(name, draft, mode, static_k=size, flags=flags))
+                continue
             if mode == "static":
                 for k in static_ks:
                     flags = [*spec, "--nanospec-mode", "static"]

@@ -39,6 +39,25 @@ def recipe_key(target: str) -> str:
     return target
 
 
+def _aux_layers(text: str) -> tuple[int, ...]:
+    try:
+        layers = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated layer ids, got {text!r}"
+        ) from None
+    if len(set(layers)) != len(layers):
+        raise argparse.ArgumentTypeError(f"layer ids repeat in {text!r}")
+    return layers
+
+
+def _vocab_size(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (the target's LM head) or more, got {value}")
+    return value
+
+
 def _device(text: str) -> str:
     if text in ("auto", "cpu") or text.startswith("cuda"):
         return text
@@ -48,7 +67,7 @@ def _device(text: str) -> str:
 def add_train_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "train-eagle",
-        help="train a full-vocabulary EAGLE-1 draft head for a target model",
+        help="train an EAGLE-1 (full vocabulary) or EAGLE-3 draft head for a target model",
         description=(
             "Let the target answer chat prompts composed offline, keep its hidden states "
             "(cached), train one EAGLE decoder layer on them and write a directory that "
@@ -92,6 +111,18 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
         help="bf16 autocast or fp32 (auto: bf16 on CUDA and on CPUs with native bf16)")  # fmt: skip
     add("--include-embedding", action="store_true",
         help="also store the embedding table (SGLang replaces it with the target's anyway)")  # fmt: skip
+    add("--arch", choices=("eagle1", "eagle3"), default="eagle1",
+        help="eagle1: one layer over the final state, for --speculative-algorithm EAGLE; "
+             "eagle3: fused low/middle/high states, its own draft vocabulary, SpecForge's "
+             "layout, for --speculative-algorithm EAGLE3")  # fmt: skip
+    add("--draft-vocab-size", type=_vocab_size,
+        help="eagle3: tokens in the draft vocabulary D (most frequent in the answers; "
+             "0: draft over every token through the target's own LM head, not stored)")  # fmt: skip
+    add("--aux-layers", type=_aux_layers,
+        help="eagle3: target layer ids to fuse, e.g. 1,11,20 (SGLang captures the input of "
+             "id + 1; default: SGLang's [2, L/2, L-3] inputs)")  # fmt: skip
+    add("--train-lm-head", action="store_true", default=None,
+        help="eagle3: train the head's LM-head rows (default: keep the target's rows of D)")  # fmt: skip
     parser.set_defaults(func=run_train_command)
     return parser
 
@@ -100,8 +131,15 @@ def run_train_command(args: argparse.Namespace) -> int:
     from nanospec_server.train.recipe import recipe_for
     from nanospec_server.train.run import TrainRequest, train_eagle
 
+    eagle3_only = {"--draft-vocab-size": args.draft_vocab_size, "--aux-layers": args.aux_layers,
+                   "--train-lm-head": args.train_lm_head}  # fmt: skip
+    if args.arch != "eagle3":
+        for flag, value in eagle3_only.items():
+            if value is not None:
+                raise SystemExit(f"nanospec train-eagle: {flag} needs --arch eagle3")
     recipe = recipe_for(
-        recipe_key(args.target),
+        recipe_key(args.target), arch=args.arch, draft_vocab_size=args.draft_vocab_size,
+        aux_layers=args.aux_layers, train_lm_head=args.train_lm_head,
         tokens=args.tokens, val_tokens=args.val_tokens, seq_len=args.seq_len,
         steps=args.steps, batch_rows=args.batch_rows, lr=args.lr, cls_stride=args.cls_stride,
         cls_weight=args.cls_weight, unroll_steps=args.unroll_steps,
@@ -113,7 +151,12 @@ def run_train_command(args: argparse.Namespace) -> int:
         device=args.device, cache_dir=args.cache_dir, max_cache_gb=args.max_cache_gb,
         include_embedding=args.include_embedding, precision=args.precision,
     )  # fmt: skip
-    report = train_eagle(request)
+    if args.arch == "eagle3":
+        from nanospec_server.train.eagle3_run import train_eagle3
+
+        report = train_eagle3(request)
+    else:
+        report = train_eagle(request)
     last = report.loop.evals[-1]
     print(
         f"nanospec: wrote {report.output} (generate {report.generate_seconds:.0f} s, "

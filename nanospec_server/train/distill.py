@@ -12,15 +12,20 @@ right-padded; ``lengths`` and ``prompt_lengths`` say which positions are real.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import torch
+
+from nanospec_server.train.eagle3_features import capture_inputs, fused
 
 
 @dataclass
 class DistilledRows:
     input_ids: torch.Tensor  # [rows, seq_len] int32, right-padded with 0
-    hidden: torch.Tensor  # [rows, seq_len, d] bf16, zeros past the length
+    # [rows, seq_len, d] bf16, zeros past the length: the final-normed state (EAGLE-1), or
+    # the fused states entering the captured layers (EAGLE-3, d = layers * hidden)
+    hidden: torch.Tensor
     lengths: torch.Tensor  # [rows] int32: real tokens in the row
     prompt_lengths: torch.Tensor  # [rows] int32: of those, the prompt's
 
@@ -34,8 +39,9 @@ class DistilledRows:
 
 @torch.inference_mode()
 def generate_rows(
-    target, prompts: list[list[int]], seq_len: int, eos_ids: set[int], device: torch.device
-) -> DistilledRows:
+    target, prompts: list[list[int]], seq_len: int, eos_ids: set[int], device: torch.device,
+    aux_layers: Sequence[int] | None = None,
+) -> DistilledRows:  # fmt: skip
     """Greedy answers to a batch of ``prompts`` (token ids, each shorter than ``seq_len``).
 
     Prompts are left-padded for the batched forward; positions count real tokens
@@ -44,8 +50,20 @@ def generate_rows(
     decode step costs about the same for 4 rows as for 32 (it reads every weight
     once), so when fewer than a quarter of the rows are left the rest are cut
     short: a truncated answer is still the target's own text.
+
+    ``aux_layers``: keep, instead of the final state, the states entering these decoder
+    layers, concatenated (``eagle3_features.capture_inputs``).
     """
+    capturing = capture_inputs(target.model, aux_layers) if aux_layers else nullcontext()
+    with capturing as seen:
+        return _generate(target, prompts, seq_len, eos_ids, device, aux_layers, seen)
+
+
+def _generate(target, prompts, seq_len, eos_ids, device, aux_layers, seen) -> DistilledRows:
     from transformers import DynamicCache
+
+    def kept(out) -> torch.Tensor:
+        return fused(seen, len(aux_layers)) if aux_layers else out.last_hidden_state
 
     batch, width = len(prompts), max(map(len, prompts))
     ids = torch.zeros(batch, width, dtype=torch.long)
@@ -59,14 +77,15 @@ def generate_rows(
     out = target.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                        past_key_values=cache, use_cache=True)  # fmt: skip
 
+    prompt_states = kept(out)
     prompt_lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
     rows = DistilledRows(
         input_ids=torch.zeros(batch, seq_len, dtype=torch.int32),
-        hidden=torch.zeros(batch, seq_len, out.last_hidden_state.shape[-1], dtype=torch.bfloat16),
+        hidden=torch.zeros(batch, seq_len, prompt_states.shape[-1], dtype=torch.bfloat16),
         lengths=prompt_lengths.clone(),
         prompt_lengths=prompt_lengths,
     )
-    prompt_hidden = out.last_hidden_state.to(torch.bfloat16).cpu()
+    prompt_hidden = prompt_states.to(torch.bfloat16).cpu()
     for row, prompt in enumerate(prompts):
         rows.input_ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.int32)
         rows.hidden[row, : len(prompt)] = prompt_hidden[row, width - len(prompt) :]
@@ -96,7 +115,7 @@ def generate_rows(
         last = out.last_hidden_state[:, -1]
         columns = rows.lengths[live].long()
         rows.input_ids[live, columns] = token.to(torch.int32).cpu()
-        rows.hidden[live, columns] = last.to(torch.bfloat16).cpu()
+        rows.hidden[live, columns] = kept(out)[:, -1].to(torch.bfloat16).cpu()
         rows.lengths[live] += 1
         next_pos = next_pos + 1
     return rows

@@ -48,6 +48,10 @@ class FeatureCacheSpec:
     gen_batch: int  # rows answered together (one batched forward per token)
     dtype: str = "bfloat16"  # the target's while answering: its greedy answers depend on it
     rows_per_shard: int = 32
+    # EAGLE-3: the decoder layers whose inputs are kept, fused (eagle3_features.py);
+    # None: the final-normed state (EAGLE-1). Left out of the key when None, so the
+    # EAGLE-1 caches written before it keep their names.
+    aux_layers: tuple[int, ...] | None = None
 
     @property
     def shard_rows(self) -> int:
@@ -74,7 +78,7 @@ def cache_dir_for(root: Path, model_dir: Path, spec: FeatureCacheSpec) -> Path:
             "version": CACHE_VERSION,
             "target": _target_fingerprint(model_dir),
             "python": sys.version.split()[0],  # the prompts quote stdlib docstrings
-            "spec": asdict(spec),
+            "spec": {k: v for k, v in asdict(spec).items() if k != "aux_layers" or v},
         },
         sort_keys=True,
         default=str,
@@ -126,7 +130,8 @@ def build_cache(
                 parts = []
                 for first in range(0, len(ordered), spec.gen_batch):
                     batch = ordered[first : first + spec.gen_batch]
-                    parts.append(generate_rows(target, batch, spec.seq_len, eos_ids, device))
+                    parts.append(generate_rows(target, batch, spec.seq_len, eos_ids, device,
+                                               spec.aux_layers))  # fmt: skip
                     bar.update(len(batch))
                 tensors = {k: v.contiguous() for k, v in vars(DistilledRows.cat(parts)).items()}
                 tmp = shard_path.with_suffix(".tmp")

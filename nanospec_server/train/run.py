@@ -78,18 +78,25 @@ def answer_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _feature_caches(request: TrainRequest, target_dir: Path, hidden_size: int, device) -> tuple:
+def _feature_caches(
+    request: TrainRequest, target_dir: Path, hidden_size: int, device,
+    aux_layers: tuple[int, ...] | None = None,
+) -> tuple:  # fmt: skip
+    """The train and validation rows, answered now unless cached. ``aux_layers`` (EAGLE-3):
+    keep the fused inputs of these decoder layers instead of the final state."""
     recipe = request.recipe
     root = request.cache_dir or cache_root() / "train-features"
     dtype = answer_dtype(recipe.answer_dtype, device)
     specs = {
         split: FeatureCacheSpec(split, max(1, tokens // recipe.seq_len), recipe.seq_len,
                                 request.seed, gen_batch=recipe.gen_batch,
-                                dtype=str(dtype).removeprefix("torch."))
+                                dtype=str(dtype).removeprefix("torch."),
+                                aux_layers=aux_layers)
         for split, tokens in ((Split.TRAIN, recipe.tokens), (Split.VAL, recipe.val_tokens))
     }  # fmt: skip
     rows = sum(spec.rows for spec in specs.values())
-    check_size(rows, recipe.seq_len, hidden_size, int(request.max_cache_gb * 1e9))
+    width = hidden_size * (len(aux_layers) if aux_layers else 1)
+    check_size(rows, recipe.seq_len, width, int(request.max_cache_gb * 1e9))
     dirs = {split: cache_dir_for(root, target_dir, spec) for split, spec in specs.items()}
     if not all((d / "manifest.json").is_file() for d in dirs.values()):
         target = load_target(target_dir, device, dtype)

@@ -166,3 +166,33 @@ def test_cli_adaptive_needs_the_nanospec_mode(capsys: pytest.CaptureFixture) -> 
     with pytest.raises(SystemExit):
         parse("--adaptive", "--modes", "full")
     assert "--adaptive" in capsys.readouterr().err
+
+
+def test_eagle3_heads_get_every_mode_and_static_over_their_own_d2t() -> None:
+    """An EAGLE-3 head's static configuration is its d2t vocabulary (no token map, named by
+    |D|); a full-vocabulary EAGLE-3 head gets none (the server refuses static for it)."""
+    from nanospec_server.models.tiny import tiny_model_path
+    from nanospec_server.models.tiny.spec import PRUNED_DRAFT_VOCAB
+
+    eagle2 = drafts_for("EAGLE", [tiny_model_path("tiny-eagle")], [(4, 4, 8)])
+    pruned = drafts_for("EAGLE3", [tiny_model_path("tiny-eagle3")], [(4, 4, 8)])
+    full = drafts_for("EAGLE3", [tiny_model_path("tiny-eagle3-full")], [(4, 4, 8)])
+    maps = {2048: Path("map.pt")}
+    configs = build_configs(eagle2 + pruned, ["full", "static", "nanospec"], [2048], [3072],
+                            maps, [0, 2048])  # fmt: skip
+    by_name = {c.name: c for c in configs}
+    static = f"eagle3-static-{PRUNED_DRAFT_VOCAB}"
+    assert list(by_name) == [
+        "ar", "eagle-full", "eagle-static-2k", "eagle-nanospec", "eagle-nanospec-p2048",
+        "eagle3-full", static, "eagle3-nanospec", "eagle3-nanospec-p2048",
+    ]  # fmt: skip
+    for name in ("eagle3-full", static, "eagle3-nanospec-p2048"):
+        assert flag(by_name[name], "--speculative-algorithm") == "EAGLE3"
+    assert flag(by_name[static], "--nanospec-mode") == "static"
+    assert flag(by_name[static], "--speculative-token-map") is None
+    assert flag(by_name["eagle-static-2k"], "--speculative-token-map") == "map.pt"
+    assert full_vocab_reference(configs, by_name[static]) == "eagle3-full"
+    only_full = build_configs(full, ["full", "static", "nanospec"], [2048], [3072], maps)
+    assert [c.name for c in only_full] == ["ar", "eagle3-full", "eagle3-nanospec"]
+    assert parse("--eagle3", "h").eagle3 == ["h"]
+    assert parse("--eagle3", "h").digest() != parse().digest()
