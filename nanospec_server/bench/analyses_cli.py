@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nanospec_server.bench.cli import _positive, _size, default_dtype
+from nanospec_server.arg_types import positive_int
+from nanospec_server.bench.cli import _size, default_dtype
 from nanospec_server.bench.provenance import bench_root
 
 W_SWEEP = [256, 512, 1024, 2048, 3072, 4096, 8192]
@@ -21,13 +22,15 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     cov.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="name or directory")
     cov.add_argument("--from-run", type=Path, help="take ar's greedy outputs from this run")
     cov.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
-    cov.add_argument("--limit-per-task", type=_positive, default=2)
+    cov.add_argument("--limit-per-task", type=positive_int, default=2)
     cov.add_argument("--seed", type=int, default=0)
     cov.add_argument("--specbench", help="Spec-Bench question.jsonl")
-    cov.add_argument("--max-new-tokens", type=_positive, default=128, help="when generating here")
-    cov.add_argument("--w-max", nargs="+", type=_positive, default=W_SWEEP)
+    cov.add_argument(
+        "--max-new-tokens", type=positive_int, default=128, help="when generating here"
+    )
+    cov.add_argument("--w-max", nargs="+", type=positive_int, default=W_SWEEP)
     cov.add_argument("--static-k", nargs="+", type=_size, default=K_SWEEP)
-    cov.add_argument("--step-tokens", type=_positive, default=3,
+    cov.add_argument("--step-tokens", type=positive_int, default=3,
                      help="tokens emitted per replayed step (an acceptance length)")  # fmt: skip
     cov.add_argument(
         "--token-map-corpus", nargs="+", help="FR-Spec corpus (default: Python stdlib)"
@@ -41,10 +44,10 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
                      help="STANDALONE draft (name or directory), or with --eagle the target "
                           "whose embedding and LM head the head shares")  # fmt: skip
     lat.add_argument("--eagle", type=Path, help="time this EAGLE head's draft step instead")
-    lat.add_argument("--w-max", type=_positive, default=3072)
+    lat.add_argument("--w-max", type=positive_int, default=3072)
     lat.add_argument("--static-k", type=_size, default=32768)
-    lat.add_argument("--steps", type=_positive, default=30)
-    lat.add_argument("--context", type=_positive, default=512, help="KV-cache tokens")
+    lat.add_argument("--steps", type=positive_int, default=30)
+    lat.add_argument("--context", type=positive_int, default=512, help="KV-cache tokens")
     lat.add_argument("--specbench", help="Spec-Bench question.jsonl (the text of the stream)")
     lat.add_argument("--out", type=Path, default=bench_root() / "latency", help="output directory")
     lat.add_argument("--tiny", action="store_true", help="the tiny offline standalone draft")

@@ -19,6 +19,7 @@ import json
 import sys
 from pathlib import Path
 
+from nanospec_server.arg_types import non_negative_int, positive_int
 from nanospec_server.bench.configs import MODES, parse_size
 
 # Three configurations (ar, full, nanospec), the five tasks with short prompts: summarization
@@ -58,20 +59,6 @@ def _shape(text: str) -> tuple[int, int, int]:
     return shape
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def add_bench_command(commands: argparse._SubParsersAction) -> None:
     from nanospec_server.bench.api import ANALYSES
     from nanospec_server.bench.data import TASKS
@@ -97,8 +84,8 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
         "--modes", nargs="+", choices=MODES, help="draft modes (default: the preset's)"
     )
     run.add_argument("--static-k", nargs="+", type=_size, help="FR-Spec sizes (default 32k)")
-    run.add_argument("--w-max", nargs="+", type=_positive, help="NanoSpec W_max values")
-    run.add_argument("--prior-k", nargs="+", type=_non_negative,
+    run.add_argument("--w-max", nargs="+", type=positive_int, help="NanoSpec W_max values")
+    run.add_argument("--prior-k", nargs="+", type=non_negative_int,
                      help="hybrid vocabulary: NanoSpec once per static prior size "
                           "(--nanospec-prior-k; 0 = the paper's window only; default 0)")  # fmt: skip
     run.add_argument("--adaptive", action="store_true", default=None,
@@ -106,21 +93,21 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
                           "(adaptive speculation), named ...-nanospec-adaptive")  # fmt: skip
     run.add_argument("--tasks", nargs="+", choices=TASKS, help="tasks (default: all seven)")
     run.add_argument("--specbench", help="Spec-Bench question.jsonl (default: ../shared/data/...)")
-    run.add_argument("--limit-per-task", type=_positive, help="prompts per task (default 2)")
+    run.add_argument("--limit-per-task", type=positive_int, help="prompts per task (default 2)")
     run.add_argument("--seed", type=int, help="prompt draw (default 0)")
-    run.add_argument("--repeats", type=_positive, help="passes over the prompts (default 1)")
-    run.add_argument("--concurrency", nargs="+", type=_positive, help="e.g. 1 8 (default 1)")
-    run.add_argument("--max-new-tokens", type=_positive, help="default 64 on CPU, 1024 on GPU")
+    run.add_argument("--repeats", type=positive_int, help="passes over the prompts (default 1)")
+    run.add_argument("--concurrency", nargs="+", type=positive_int, help="e.g. 1 8 (default 1)")
+    run.add_argument("--max-new-tokens", type=positive_int, help="default 64 on CPU, 1024 on GPU")
     run.add_argument(
         "--dtype",
         help="server --dtype (default: what nanospec serve picks: "
         "float32 on a CPU without native bf16, else bfloat16)",
     )
-    run.add_argument("--max-servers", type=_positive,
+    run.add_argument("--max-servers", type=positive_int,
                      help="servers up at once (groups keep ar and the full-vocab drafts in each; "
                           "with 2, ar alone, and ratios to full go through ar; with 1, one "
                           "server at a time, for an idle host only)")  # fmt: skip
-    run.add_argument("--max-total-tokens", type=_positive, help="each server's KV pool")
+    run.add_argument("--max-total-tokens", type=positive_int, help="each server's KV pool")
     run.add_argument(
         "--token-map-corpus", nargs="+", help="FR-Spec corpus (default: Python stdlib)"
     )

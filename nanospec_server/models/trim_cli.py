@@ -8,29 +8,16 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from nanospec_server.arg_types import fraction, positive_int
 from nanospec_server.models.trim import DEFAULT_ALPHA
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _add_search_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--min-coverage", type=_fraction, required=True,
+    parser.add_argument("--min-coverage", type=fraction, required=True,
                         help="constraint: the chosen size covers at least this share")  # fmt: skip
-    parser.add_argument("--alpha", type=_fraction, default=DEFAULT_ALPHA,
+    parser.add_argument("--alpha", type=fraction, default=DEFAULT_ALPHA,
                         help=f"coverage weight in the utility (default {DEFAULT_ALPHA}, the paper's)")  # fmt: skip
-    parser.add_argument("--trials", type=_positive, default=60, help="TPE trials (default 60)")
+    parser.add_argument("--trials", type=positive_int, default=60, help="TPE trials (default 60)")
     parser.add_argument("--seed", type=int, default=0, help="TPE seed (default 0)")
 
 
@@ -47,12 +34,12 @@ def add_vocab_commands(commands: argparse._SubParsersAction) -> None:
                       help="assistant responses: JSONL (answer / conversations / messages / "
                            "text) or text files; not a benchmark")  # fmt: skip
     _add_search_flags(trim)
-    trim.add_argument("--steps", type=_positive, default=4, help="draft steps per round")
-    trim.add_argument("--topk", type=_positive, default=1, help="draft tree branches per step")
-    trim.add_argument("--context", type=_positive, default=512, help="KV context for attention")
+    trim.add_argument("--steps", type=positive_int, default=4, help="draft steps per round")
+    trim.add_argument("--topk", type=positive_int, default=1, help="draft tree branches per step")
+    trim.add_argument("--context", type=positive_int, default=512, help="KV context for attention")
     trim.add_argument("--calibration", type=Path,
                       help="latency model from `nanospec vocab calibrate` (default: FLOPs alone)")  # fmt: skip
-    trim.add_argument("--folds", type=_positive, default=1,
+    trim.add_argument("--folds", type=positive_int, default=1,
                       help="coverage held out: ranked on the other folds of the answers, counted "
                            "on each (default 1: in-sample, the paper's)")  # fmt: skip
     trim.add_argument("--output", type=Path, required=True, help="token map to write (.pt)")
@@ -61,8 +48,8 @@ def add_vocab_commands(commands: argparse._SubParsersAction) -> None:
     answers = sub.add_parser("answers", help="self-distilled answers: the target answers the "
                                              "trainer's training prompts (a trimming corpus)")  # fmt: skip
     answers.add_argument("--target", required=True, help="registry name or model directory")
-    answers.add_argument("--prompts", type=_positive, default=48)
-    answers.add_argument("--max-new-tokens", type=_positive, default=128)
+    answers.add_argument("--prompts", type=positive_int, default=48)
+    answers.add_argument("--max-new-tokens", type=positive_int, default=128)
     answers.add_argument("--seed", type=int, default=0)
     answers.add_argument("--output", type=Path, required=True, help="JSONL to write")
     answers.set_defaults(func=lambda args: answers_command(args, answers))
@@ -83,9 +70,9 @@ def add_vocab_commands(commands: argparse._SubParsersAction) -> None:
     prior.add_argument("--latency", type=Path, required=True,
                        help="latency.json of the draft (`nanospec bench latency`): its backbone ms")  # fmt: skip
     _add_search_flags(prior)
-    prior.add_argument("--max-k", type=_positive, default=32768)
-    prior.add_argument("--w-max", type=_positive, default=3072)
-    prior.add_argument("--step-tokens", type=_positive, default=3,
+    prior.add_argument("--max-k", type=positive_int, default=32768)
+    prior.add_argument("--w-max", type=positive_int, default=3072)
+    prior.add_argument("--step-tokens", type=positive_int, default=3,
                        help="tokens emitted per replayed step (an acceptance length)")  # fmt: skip
     prior.add_argument("--compare", type=int, nargs="*", default=[0, 512, 2048, 8192],
                        help="sizes always evaluated and reported (default: the hand-picked ones)")  # fmt: skip

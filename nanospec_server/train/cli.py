@@ -5,22 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from nanospec_server.arg_types import positive_float, positive_int
 from nanospec_server.train.precision import CHOICES
 from nanospec_server.train.recipe import RECIPES
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
 
 
 def _seq_len(text: str) -> int:
@@ -78,22 +65,22 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
     add = parser.add_argument
     add("--target", required=True, help="target checkpoint directory or registry model name")
     add("--output", type=Path, required=True, help="directory to write the draft head to")
-    add("--tokens", type=_positive_int, help="training tokens (default: the recipe's)")
-    add("--val-tokens", type=_positive_int, help="validation tokens (default: the recipe's)")
+    add("--tokens", type=positive_int, help="training tokens (default: the recipe's)")
+    add("--val-tokens", type=positive_int, help="validation tokens (default: the recipe's)")
     add("--seq-len", type=_seq_len, help="tokens per training row (default: the recipe's)")
-    add("--steps", type=_positive_int, help="optimizer steps (default: the recipe's)")
-    add("--batch-rows", type=_positive_int, help="rows per step (default: the recipe's)")
-    add("--lr", type=_positive_float, help="peak learning rate (default: the recipe's)")
-    add("--cls-stride", type=_positive_int, help="LM-head loss on every N-th position")
-    add("--cls-weight", type=_positive_float, help="weight of the LM-head loss (regression: 1)")
-    add("--unroll-steps", type=_positive_int,
+    add("--steps", type=positive_int, help="optimizer steps (default: the recipe's)")
+    add("--batch-rows", type=positive_int, help="rows per step (default: the recipe's)")
+    add("--lr", type=positive_float, help="peak learning rate (default: the recipe's)")
+    add("--cls-stride", type=positive_int, help="LM-head loss on every N-th position")
+    add("--cls-weight", type=positive_float, help="weight of the LM-head loss (regression: 1)")
+    add("--unroll-steps", type=positive_int,
         help="training-time test: draft this many steps from every position (default: 1)")  # fmt: skip
-    add("--intermediate-size", type=_positive_int,
+    add("--intermediate-size", type=positive_int,
         help="the head's MLP width (default: the target's); narrower heads are smaller")  # fmt: skip
     add("--init-from-target", action="store_true", default=None,
         help="start the head's decoder layer from the target's last one")  # fmt: skip
     add("--init-head", help="continue training the head in this directory (e.g. a shipped one)")
-    add("--gen-batch", type=_positive_int, help="prompts answered together (default: the recipe's)")
+    add("--gen-batch", type=positive_int, help="prompts answered together (default: the recipe's)")
     add(
         "--seed",
         type=int,
@@ -106,7 +93,7 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
         type=Path,
         help="feature cache root (default: <nanospec cache>/train-features)",
     )
-    add("--max-cache-gb", type=_positive_float, default=4.0, help="refuse larger feature caches")
+    add("--max-cache-gb", type=positive_float, default=4.0, help="refuse larger feature caches")
     add("--precision", choices=CHOICES, default="auto",
         help="bf16 autocast or fp32 (auto: bf16 on CUDA and on CPUs with native bf16)")  # fmt: skip
     add("--include-embedding", action="store_true",
