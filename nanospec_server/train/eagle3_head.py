@@ -20,10 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from nanospec_server.train.head import MLP, HeadConfig, RMSNorm, apply_rope, rope_cos_sin
+from nanospec_server.train.head import (
+    MLP,
+    Attention,
+    HeadConfig,
+    RMSNorm,
+    rope_cos_sin,
+)
 
 
 @dataclass(frozen=True)
@@ -33,34 +38,11 @@ class Eagle3Config:
     draft_vocab_size: int  # rows of the head's own LM head
 
 
-class Eagle3Attention(nn.Module):
+class Eagle3Attention(Attention):
     """Attention over [embedding, hidden] (2H wide); no q/k/v bias, as SGLang builds it."""
 
     def __init__(self, cfg: HeadConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        q_out, kv_out = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, q_out, bias=False)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, kv_out, bias=False)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, kv_out, bias=False)
-        self.o_proj = nn.Linear(q_out, cfg.hidden_size, bias=False)
-
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """q, k, v as [B, heads, L, head_dim], RoPE applied."""
-        batch, length, _ = x.shape
-        cfg = self.cfg
-
-        def heads(proj: nn.Linear, count: int) -> torch.Tensor:
-            return proj(x).view(batch, length, count, cfg.head_dim).transpose(1, 2)
-
-        q = apply_rope(heads(self.q_proj, cfg.num_heads), cos, sin)
-        k = apply_rope(heads(self.k_proj, cfg.num_kv_heads), cos, sin)
-        return q, k, heads(self.v_proj, cfg.num_kv_heads)
-
-    def attend(self, q, k, v, mask: torch.Tensor) -> torch.Tensor:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        batch, _, length, _ = q.shape
-        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        super().__init__(cfg, in_features=2 * cfg.hidden_size, qkv_bias=False)
 
 
 class MidLayer(nn.Module):

@@ -85,13 +85,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: HeadConfig) -> None:
+    def __init__(
+        self, cfg: HeadConfig, in_features: int | None = None, qkv_bias: bool | None = None
+    ) -> None:
+        """``in_features`` (default the hidden size) and ``qkv_bias`` (default the config's)
+        differ for EAGLE-3, whose layer attends over [embedding, hidden] without biases."""
         super().__init__()
         self.cfg = cfg
+        width = cfg.hidden_size if in_features is None else in_features
+        bias = cfg.qkv_bias if qkv_bias is None else qkv_bias
         q_out, kv_out = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.qkv_bias)
+        self.q_proj = nn.Linear(width, q_out, bias=bias)
+        self.k_proj = nn.Linear(width, kv_out, bias=bias)
+        self.v_proj = nn.Linear(width, kv_out, bias=bias)
         self.o_proj = nn.Linear(q_out, cfg.hidden_size, bias=False)
 
     def project(
