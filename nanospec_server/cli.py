@@ -171,6 +171,13 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
             "--speculative-use-rejection-sampling: not with a dynamic vocabulary; sampling "
             "without it verifies against the target's distribution alone, which is exact"
         )
+    tp = _flag_value(argv, "--tp-size") or _flag_value(argv, "--tp")
+    if eagle3 and config.mode.is_dynamic and tp not in (None, "1"):
+        # The draft worker refuses it too, but only after loading both models.
+        parser.error(
+            f"--tp-size: --nanospec-mode {config.mode.value} with an EAGLE-3 head runs at "
+            "--tp-size 1 only (its draft vocabulary is not sharded); use full or static with it"
+        )
     if config.adaptive_skip_extend and not config.adaptive:
         parser.error("--nanospec-adaptive-skip-extend: needs --nanospec-adaptive")
     if config.adaptive and "--speculative-adaptive" in argv:

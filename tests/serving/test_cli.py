@@ -16,7 +16,7 @@ BAD_FLAGS = [
     (["--nanospec-w-max", "64", "--nanospec-w-cap", "32"], "w_cap"),
     (["--nanospec-mode", "static"], "--speculative-token-map"),
     (["--speculative-use-rejection-sampling"], "--speculative-use-rejection-sampling"),
-    (["--tp-size", "2"], "--tp-size"),
+    (["--tp-size", "2", "--speculative-algorithm", "EAGLE3"], "--tp-size"),
     (["--tokenizer-worker-num", "2"], "--tokenizer-worker-num"),
     (["--nanospec-adaptive-skip-extend"], "--nanospec-adaptive-skip-extend"),
     (["--nanospec-adaptive", "--speculative-adaptive"], "--nanospec-adaptive"),
