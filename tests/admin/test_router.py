@@ -183,10 +183,26 @@ def test_router_passes_generate_and_chat_through_unchanged(fleet: Fleet, policy:
         assert sent == {"dp2": 3, "one": 9}
 
 
+def settled(fleet: Fleet, timeout_s: float = 120.0) -> None:
+    """Until no worker runs a request and two reads in a row agree: a request is filed at
+    the scheduler's next chunk, and slots are freed when it idles, so the figures may still
+    move just after the last answer (and earlier tests' requests may still be ending)."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        now = fleet.aggregates()
+        if now == last and all(a.requests_running == 0 for a in now.values()):
+            return
+        last = now
+        time.sleep(0.5)
+    raise AssertionError(f"the fleet's statistics did not settle in {timeout_s} s: {last}")
+
+
 def test_fleet_view_adds_up_across_workers(fleet: Fleet) -> None:
     router = fleet.routers["round_robin"]
     for text in PROMPTS:
         generate(router, text)
+    settled(fleet)
     view = fetch_fleet(fleet.urls, stats)
     parts = fleet.aggregates()
     assert view.aggregates == Aggregates.combine(list(parts.values()))

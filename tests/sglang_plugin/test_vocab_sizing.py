@@ -1,15 +1,26 @@
 """The draft worker sizes NanoSpec's state by SGLang's running requests, not its request
 pool (thousands of entries on a GPU, each O(V) of window state if it were a slot)."""
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 
+import pytest
 import torch
+from sglang.srt.runtime_context import get_parallel
 
 from nanospec_server.config import NanoSpecConfig
 from nanospec_server.sglang_plugin.draft_worker import build_vocab
 from nanospec_server.vocab.dynamic_vocab import UNION_WINDOWS
 
 VOCAB, HIDDEN, POOL, RUNNING = 5_000, 8, 200_000, 6
+
+
+@pytest.fixture(autouse=True)
+def one_rank() -> Iterator[None]:
+    """build_vocab asks SGLang's parallel context for the TP size, which a scheduler
+    publishes at start; here one rank, as an unsharded head is."""
+    with get_parallel().override(tp_size=1):
+        yield
 
 
 def worker(max_running: int = RUNNING) -> SimpleNamespace:
