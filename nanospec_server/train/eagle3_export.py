@@ -16,15 +16,12 @@ way: true would make the draft's LM head its embedding table.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from nanospec_server.train.eagle3_head import Eagle3Head
-from nanospec_server.train.export import INFO, TOKENIZER_FILES, WEIGHTS
+from nanospec_server.train.export import write_draft_dir
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Target config keys a Llama draft config carries over unchanged.
@@ -80,14 +77,5 @@ def export_eagle3(
     if vocab is not None:
         d2t, t2d = vocab
         tensors["d2t"], tensors["t2d"] = d2t.long().contiguous(), t2d.bool().contiguous()
-    save_file(tensors, str(output / WEIGHTS), metadata={"format": "pt"})
     config = eagle3_config(target_config, head, aux_layer_ids, shared_lm_head=vocab is None)
-    (output / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    for name in TOKENIZER_FILES:
-        if (target_dir / name).is_file():
-            shutil.copyfile(target_dir / name, output / name)
-    (output / INFO).write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
-    for path in output.iterdir():
-        if path.is_file():
-            path.chmod(0o644)  # safetensors writes owner-only files
-    return output
+    return write_draft_dir(output, tensors, config, target_dir, info)

@@ -63,14 +63,23 @@ def export_head(
     }
     if embed is not None:
         tensors["embed_tokens.weight"] = embed.detach().to("cpu", torch.bfloat16).contiguous()
-    save_file(tensors, str(output / WEIGHTS), metadata={"format": "pt"})
     config = draft_config(target_config)
     config["intermediate_size"] = head.cfg.intermediate_size  # a head may be narrower
+    return write_draft_dir(output, tensors, config, target_dir, info)
+
+
+def write_draft_dir(
+    output: Path, tensors: dict[str, torch.Tensor], config: dict, target_dir: Path, info: dict
+) -> Path:
+    """The files of a draft directory (EAGLE-1 or EAGLE-3): weights, config, the target's
+    tokenizer files and our run info, readable by all."""
+    save_file(tensors, str(output / WEIGHTS), metadata={"format": "pt"})
     (output / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for name in TOKENIZER_FILES:
         if (target_dir / name).is_file():
             shutil.copyfile(target_dir / name, output / name)
     (output / INFO).write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
     for path in output.iterdir():
-        path.chmod(0o644)  # safetensors writes owner-only files; a server may run as another user
+        if path.is_file():  # safetensors writes owner-only files; a server may run as another user
+            path.chmod(0o644)
     return output
