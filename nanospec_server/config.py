@@ -64,6 +64,9 @@ class NanoSpecConfig(BaseModel):
     # SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND): a step then costs what a plain decode does,
     # but the draft's KV cache misses those tokens when drafting resumes (lossless all the
     # same; fewer drafts accepted for the requests that lived through it).
+    # Pins every step's depth to one of the candidates (-1: the policy chooses): for
+    # measuring one depth's cost and for tests that switch the depth at known steps.
+    adaptive_depth: int = Field(-1, ge=-1, description="pinned draft depth (-1: none)")
     adaptive_skip_extend: bool = Field(
         False, description="at depth 0, no draft extend (start-time only)"
     )
