@@ -13,6 +13,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nanospec_server.sgl_kernel_cpu import ops as cpu_ops
 from nanospec_server.sgl_kernel_cpu import shim as cpu_shim
@@ -344,6 +346,27 @@ def test_copy_all_layer_kv_cache_overlapping() -> None:
         want = old.clone()
         for s, t in zip(src, tgt, strict=True):
             want[t] = old[s]
+        assert torch.equal(b, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 12), st.floats(0.0, 1.0))
+def test_copy_all_layer_kv_cache_with_rows_in_place(seed: int, n: int, in_place: float) -> None:
+    """Moves of a row onto itself (skipped) mixed with real moves, distinct targets: the
+    result is the plain read-all-then-write-all reference's."""
+    gen = torch.Generator().manual_seed(seed)
+    prng = random.Random(seed)
+    bufs = [torch.randn(32, 3, generator=gen), torch.randint(0, 9, (32, 5), dtype=torch.int8)]
+    before = [b.clone() for b in bufs]
+    tgt = prng.sample(range(32), n)
+    src = [t if prng.random() < in_place else prng.randrange(32) for t in tgt]
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64)
+    strides = torch.tensor([b.stride(0) * b.element_size() for b in bufs])
+    cpu_ops.copy_all_layer_kv_cache(ptrs, strides, torch.tensor(tgt), torch.tensor(src))
+    for b, old in zip(bufs, before, strict=True):
+        want = old.clone()
+        for s_, t in zip(src, tgt, strict=True):
+            want[t] = old[s_]
         assert torch.equal(b, want)
 
 
