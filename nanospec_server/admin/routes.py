@@ -140,7 +140,7 @@ def build_router() -> APIRouter:
     async def change_settings(
         request: Request, key_id: Annotated[str, Depends(require_admin)]
     ) -> NanoSpecConfig:
-        """Change W_max / K_pre / K_ver / adaptive (admin key); effective at the next
+        """Change W_max / K_pre / K_ver / adaptive / adaptive_depth (admin key); effective at the next
         speculative step."""
         changes = (await _read_update(request)).model_dump(exclude_none=True)
         states = await _scheduler_states()
