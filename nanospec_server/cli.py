@@ -184,16 +184,19 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
             f"--tp-size: --nanospec-mode {config.mode.value} with an EAGLE-3 head runs at "
             "--tp-size 1 only (its draft vocabulary is not sharded); use full or static with it"
         )
-    extend_flags = ["--nanospec-adaptive-skip-extend", "--nanospec-adaptive-keep-extend"]
-    for flag in extend_flags:
-        if flag in argv and not config.adaptive:
-            parser.error(f"{flag}: needs --nanospec-adaptive")
-    if all(flag in argv for flag in extend_flags):
-        parser.error("--nanospec-adaptive-keep-extend: not with --nanospec-adaptive-skip-extend")
     if config.adaptive and "--speculative-adaptive" in argv:
         parser.error(
             "--nanospec-adaptive: not with --speculative-adaptive (SGLang's own policy); pick one"
         )
+
+
+def _check_extend_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    skip, keep = args.nanospec_adaptive_skip_extend, args.nanospec_adaptive_keep_extend
+    for flag, given in (("skip", skip), ("keep", keep)):
+        if given and not args.nanospec_adaptive:
+            parser.error(f"--nanospec-adaptive-{flag}-extend: needs --nanospec-adaptive")
+    if skip and keep:
+        parser.error("--nanospec-adaptive-keep-extend: not with --nanospec-adaptive-skip-extend")
 
 
 def _admin_key_from_env(parser: argparse.ArgumentParser) -> str | None:
@@ -223,6 +226,7 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
         args.nanospec_prior_k = _default_prior_k(args, sglang_argv)
     config = _config_from(args, parser)
     _check_flags(config, sglang_argv, parser)
+    _check_extend_flags(args, parser)
     if args.nanospec_stats_history < 1:
         parser.error("--nanospec-stats-history: must be at least 1")
     os.environ[HISTORY_ENV] = str(args.nanospec_stats_history)
