@@ -100,6 +100,7 @@ def main() -> None:
         texts = prompts(max(args.batch_sizes))
         print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
         for b in args.batch_sizes:
+            ratios = []
             for round_ in range(args.rounds):
                 order = ["plain", "depth0"] if round_ % 2 == 0 else ["depth0", "plain"]
                 ms = {
@@ -119,6 +120,10 @@ def main() -> None:
                     f"(server's own depth-0 step_ms median {own_ms:.1f})",
                     flush=True,
                 )
+                ratios.append(ms["depth0"] / ms["plain"])
+            print(
+                f"b={b:2d}: median ratio over {args.rounds} rounds {statistics.median(ratios):.3f}"
+            )
         print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
 
