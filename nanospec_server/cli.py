@@ -73,10 +73,16 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     nanospec.add_argument(
         "--nanospec-adaptive-skip-extend", action="store_true",
-        help="with --nanospec-adaptive: a depth-0 step skips the draft model's extend pass "
-        "too, so it costs what a plain decode does (worth it for a STANDALONE draft model; "
-        "the draft's cache then lacks those tokens when drafting resumes: still lossless, "
-        "fewer drafts accepted). NanoSpec's window still gets every verified token",
+        help="with --nanospec-adaptive (the default): a depth-0 step skips the draft "
+        "model's extend pass unless the next step drafts, so a run of depth-0 steps costs "
+        "plain decodes (the draft's cache then lacks the run's tokens but the last when "
+        "drafting resumes: still lossless, fewer drafts accepted). NanoSpec's window still "
+        "gets every verified token",
+    )  # fmt: skip
+    nanospec.add_argument(
+        "--nanospec-adaptive-keep-extend", action="store_true",
+        help="with --nanospec-adaptive: run the draft extend on every depth-0 step too "
+        "(an exact draft cache, at its cost per step)",
     )  # fmt: skip
 
 
@@ -130,7 +136,7 @@ def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             union_capacity=args.nanospec_union_capacity,
             prior_k=args.nanospec_prior_k,
             adaptive=args.nanospec_adaptive,
-            adaptive_skip_extend=args.nanospec_adaptive_skip_extend,
+            adaptive_skip_extend=not args.nanospec_adaptive_keep_extend,
         )
     except ValidationError as error:
         problems = "; ".join(
@@ -178,12 +184,19 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
             f"--tp-size: --nanospec-mode {config.mode.value} with an EAGLE-3 head runs at "
             "--tp-size 1 only (its draft vocabulary is not sharded); use full or static with it"
         )
-    if config.adaptive_skip_extend and not config.adaptive:
-        parser.error("--nanospec-adaptive-skip-extend: needs --nanospec-adaptive")
     if config.adaptive and "--speculative-adaptive" in argv:
         parser.error(
             "--nanospec-adaptive: not with --speculative-adaptive (SGLang's own policy); pick one"
         )
+
+
+def _check_extend_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    skip, keep = args.nanospec_adaptive_skip_extend, args.nanospec_adaptive_keep_extend
+    for flag, given in (("skip", skip), ("keep", keep)):
+        if given and not args.nanospec_adaptive:
+            parser.error(f"--nanospec-adaptive-{flag}-extend: needs --nanospec-adaptive")
+    if skip and keep:
+        parser.error("--nanospec-adaptive-keep-extend: not with --nanospec-adaptive-skip-extend")
 
 
 def _admin_key_from_env(parser: argparse.ArgumentParser) -> str | None:
@@ -213,6 +226,7 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
         args.nanospec_prior_k = _default_prior_k(args, sglang_argv)
     config = _config_from(args, parser)
     _check_flags(config, sglang_argv, parser)
+    _check_extend_flags(args, parser)
     if args.nanospec_stats_history < 1:
         parser.error("--nanospec-stats-history: must be at least 1")
     os.environ[HISTORY_ENV] = str(args.nanospec_stats_history)
@@ -251,8 +265,6 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
         if name is not None:
             sglang_argv = sglang_argv + ["--served-model-name", name]
     os.environ[CONFIG_ENV] = config.to_env()
-    if config.adaptive_skip_extend:  # SGLang's switch; its scheduler inherits it
-        os.environ["SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"] = "1"
 
     # SGLang is imported only now, after the environment its platform detection reads.
     from sglang.srt.entrypoints.http_server import launch_server

@@ -60,12 +60,15 @@ class NanoSpecConfig(BaseModel):
     # Adaptive speculation (sglang_plugin/adaptive.py): each step's draft depth, 0 to the
     # launch's, from the batch size, the measured acceptance and a per-host cost model.
     adaptive: bool = Field(False, description="choose each step's draft depth (goodput)")
-    # At depth 0 skip the draft model's extend pass too (SGLang's
-    # SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND): a step then costs what a plain decode does,
-    # but the draft's KV cache misses those tokens when drafting resumes (lossless all the
-    # same; fewer drafts accepted for the requests that lived through it).
+    # Pins every step's depth to one of the candidates (-1: the policy chooses): for
+    # measuring one depth's cost and for tests that switch the depth at known steps.
+    adaptive_depth: int = Field(-1, ge=-1, description="pinned draft depth (-1: none)")
+    # At depth 0 skip the draft model's extend pass unless the next step drafts
+    # (sglang_plugin/adaptive.py): a run of depth-0 steps then costs plain decodes, and the
+    # draft's KV cache misses that run's tokens but the last (lossless all the same; fewer
+    # drafts accepted for the requests that lived through it). False: every extend runs.
     adaptive_skip_extend: bool = Field(
-        False, description="at depth 0, no draft extend (start-time only)"
+        True, description="at depth 0, the draft extend only before a drafting step (start-time)"
     )
 
     @model_validator(mode="after")

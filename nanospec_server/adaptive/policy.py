@@ -40,9 +40,11 @@ class StepCostModel:
     depth) seen: on a shared host single steps stall for whole scheduler slices, and a
     median shrugs those off where a mean would chase them.
 
-    Ready once two depths have ``min_samples`` timings each. While one batch size is all it
-    has seen, the minimum-norm solution still predicts exactly there and spreads its guess
-    for other sizes over the per-step and per-request terms."""
+    Ready once two depths are timed, one of them ``min_samples`` times: the policy times
+    the cheap depth (0) that often and the deep one once (on a loaded host a deep step
+    can cost seconds, most of a short request), and probes keep refining both. While one
+    batch size is all it has seen, the minimum-norm solution still predicts exactly there
+    and spreads its guess for other sizes over the per-step and per-request terms."""
 
     window: int = 256
     min_samples: int = 3
@@ -63,8 +65,8 @@ class StepCostModel:
 
     @property
     def ready(self) -> bool:
-        timed = [k for k, n in self.timings_per_depth().items() if n >= self.min_samples]
-        return len(timed) >= 2
+        counts = self.timings_per_depth()
+        return len(counts) >= 2 and max(counts.values()) >= self.min_samples
 
     def coefficients(self) -> np.ndarray:
         if self._coef is None:
@@ -116,7 +118,7 @@ class AcceptanceEstimate:
 @dataclass(frozen=True)
 class Decision:
     depth: int
-    reason: str  # "fixed", "explore", "probe", "goodput" or "hold"
+    reason: str  # "pinned", "fixed", "explore", "probe", "goodput" or "hold"
     goodput: dict[int, float]  # predicted tokens/s per candidate depth (empty if unknown)
 
 
@@ -124,8 +126,10 @@ class Decision:
 class GoodputPolicy:
     """Chooses each step's depth among ``candidates`` (sorted, 0 = plain decoding).
 
-    - Until the cost model is ready it explores: steps cycle through the candidates, so
-      that every depth is timed at the batch sizes that occur ("measured at start").
+    - Until the cost model is ready it explores: the shallowest candidate (plain decoding
+      at 0, what a busy server wants anyway) ``min_samples`` times, then the deepest once.
+      A fresh server thus spends one expensive step on timing the full depth, not three
+      per depth; the linear model spans the depths between, probes refine them.
     - Then it takes the depth of highest predicted goodput, switching away from the
       current one only for a gain of ``min_gain`` (noise would otherwise flap it).
     - Every ``probe_every`` steps it runs one step at a neighbouring depth, so the cost
@@ -139,6 +143,7 @@ class GoodputPolicy:
     enabled: bool = True
     cost: StepCostModel = field(default_factory=StepCostModel)
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+    pinned: int | None = None  # a depth every step runs at (a live setting), if any
     steps: int = 0
     settled: int | None = None  # the last depth chosen on goodput (probes aside)
     _probe_up: bool = True
@@ -159,12 +164,12 @@ class GoodputPolicy:
 
     def choose(self, batch_size: int) -> Decision:
         self.steps += 1
+        if self.pinned is not None:
+            return Decision(self.pinned, "pinned", {})
         if not self.enabled or len(self.candidates) == 1:
             return Decision(self.deepest, "fixed", {})
-        if not self.cost.ready:  # time the depths in turn, least timed first
-            timed = self.cost.timings_per_depth()
-            depth = min(self.candidates, key=lambda k: (timed.get(k, 0), -k))
-            return Decision(depth, "explore", {})
+        if not self.cost.ready:
+            return Decision(self._explore_depth(), "explore", {})
         predicted = {k: self.goodput(batch_size, k) for k in self.candidates}
         best = max(self.candidates, key=lambda k: (predicted[k], -k))
         held = self.settled
@@ -176,6 +181,13 @@ class GoodputPolicy:
         if self.steps % self.probe_every == 0:
             return Decision(self._neighbour(chosen), "probe", predicted)
         return Decision(chosen, reason, predicted)
+
+    def _explore_depth(self) -> int:
+        """The shallowest depth until it has ``min_samples`` timings, then the deepest."""
+        shallowest = self.candidates[0]
+        if self.cost.timings_per_depth().get(shallowest, 0) < self.cost.min_samples:
+            return shallowest
+        return self.deepest
 
     def _neighbour(self, depth: int) -> int:
         """The next candidate up or down (alternating; up from 0, down from the deepest)."""

@@ -45,6 +45,9 @@ class SettingsUpdate(BaseModel):
     k_pre: int | None = Field(None, ge=0, le=64)
     k_ver: int | None = Field(None, ge=0, le=64)
     adaptive: bool | None = Field(None, description="adaptive speculation (--nanospec-adaptive)")
+    adaptive_depth: int | None = Field(
+        None, ge=-1, description="pin each step's draft depth (-1: the adaptive policy chooses)"
+    )
 
 
 def _field_errors(error: ValidationError) -> str:
@@ -56,8 +59,12 @@ def _field_errors(error: ValidationError) -> str:
 def adaptive_problem(changes: dict, published: dict | None) -> str | None:
     """Why a live ``adaptive`` change cannot apply: the policy's runtime states are built
     at start, only with --nanospec-adaptive."""
-    if "adaptive" in changes and (published or {}).get("policy") != "goodput":
-        return "adaptive: start the server with --nanospec-adaptive to switch it live"
+    for key in ("adaptive", "adaptive_depth"):
+        if key in changes and (published or {}).get("policy") != "goodput":
+            return f"{key}: start the server with --nanospec-adaptive to switch it live"
+    depth = changes.get("adaptive_depth", -1)
+    if depth != -1 and depth not in published["candidate_depths"]:
+        return f"adaptive_depth: {depth} is not a candidate depth {published['candidate_depths']}"
     return None
 
 
@@ -133,7 +140,7 @@ def build_router() -> APIRouter:
     async def change_settings(
         request: Request, key_id: Annotated[str, Depends(require_admin)]
     ) -> NanoSpecConfig:
-        """Change W_max / K_pre / K_ver / adaptive (admin key); effective at the next
+        """Change W_max / K_pre / K_ver / adaptive / adaptive_depth (admin key); effective at the next
         speculative step."""
         changes = (await _read_update(request)).model_dump(exclude_none=True)
         states = await _scheduler_states()

@@ -12,10 +12,16 @@ every buffer SGLang and NanoSpec sized at start (verify width, packed head, wind
 them all.
 
 At depth 0 SGLang verifies the last bonus token alone (a plain decode through the verify
-path) and still runs the draft extend, where NanoSpec's `on_verify` appends the verified
-token and the target's top-K_ver to the window: the window state stays exact. With
-`--nanospec-adaptive-skip-extend` SGLang skips that extend (`_stub_skipped_draft_extend`);
-we call `on_verify` there ourselves, so the window still gets every verified token.
+path) and then runs the draft extend. We skip that extend (`extend_skipped`, SGLang's own
+`_stub_skipped_draft_extend` fills the draft input) unless the NEXT step drafts: the policy
+decides that step's depth now (`AdaptiveState.next_step_drafts`), and the step then runs at
+it. So a step that drafts always starts from a fresh extend (the draft's top-k, hidden
+state and the KV of the last token), while a run of depth-0 steps costs a plain decode
+each; the draft's KV cache lacks the tokens of the run but the last (lossless: the target
+verifies every draft; fewer drafts accepted while those positions stay in context).
+`--nanospec-adaptive-keep-extend` keeps every extend (an exact draft cache). NanoSpec's
+`on_verify` (window append of the verified token and the target's top-K_ver) runs on
+every step either way (`window_update_without_extend`): the window state stays exact.
 With `--speculative-adaptive` (SGLang's policy) we install nothing but still time the steps
 and publish the depth each one ran at.
 """
@@ -66,7 +72,8 @@ class GoodputAdapter:
         return self._graph_bs  # any batch size may run at any depth
 
     def get_steps_for_batch(self, batch_size: int) -> int:
-        decision = self.policy.choose(batch_size)
+        decision = self.state.pending or self.policy.choose(batch_size)
+        self.state.pending = None
         self.state.last_decision = decision
         return decision.depth
 
@@ -84,11 +91,15 @@ class AdaptiveState:
     policy_name: str  # "goodput" (ours), "sglang" (--speculative-adaptive) or "off"
     candidates: list[int]
     policy: GoodputPolicy | None = None
+    skip_extend: bool = False  # at depth 0, the draft extend only before a drafting step
+    worker: object | None = None  # the EAGLEWorkerV2 (its stub for a skipped extend)
     depth_in_force: int = 0
     last_decision: Decision | None = None
+    pending: Decision | None = None  # the next step's depth, decided a step early
     steps_by_depth: Counter = field(default_factory=Counter)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     timed_steps: int = 0
+    extends_skipped: int = 0  # depth-0 steps that ran without the draft extend
 
     def record(self, batch_size: int, depth: int, seconds: float | None) -> None:
         self.steps_by_depth[depth] += 1
@@ -99,18 +110,27 @@ class AdaptiveState:
         if seconds is not None and self.policy is not None:
             self.policy.cost.observe(batch_size, depth, seconds)
 
+    def next_step_drafts(self, batch_size: int) -> bool:
+        """Decide the next step's depth now (it runs at it): does it draft?"""
+        if self.policy is None:
+            return True
+        self.pending = self.policy.choose(batch_size)
+        return self.pending.depth > 0
+
     def published(self) -> dict:
         out = {
             "policy": self.policy_name,
-            "skip_extend_at_depth_0": os.environ.get(SKIP_EXTEND_ENV) == "1",
+            "skip_extend_at_depth_0": self.skip_extend or os.environ.get(SKIP_EXTEND_ENV) == "1",
             "enabled": self.policy.enabled if self.policy else self.policy_name == "sglang",
             "candidate_depths": self.candidates,
             "depth_in_force": self.depth_in_force,
+            "extends_skipped": self.extends_skipped,
             "steps_by_depth": {str(k): v for k, v in sorted(self.steps_by_depth.items())},
             "recent_steps": list(self.recent),
         }
         if self.policy is not None:
             cost = self.policy.cost
+            out["pinned_depth"] = self.policy.pinned
             out["acceptance_rate"] = self.policy.acceptance.rate
             out["cost_model_ready"] = cost.ready
             out["cost_model_ms"] = (
@@ -150,7 +170,7 @@ def install(worker, config: NanoSpecConfig) -> None:
         raise ValueError(f"--nanospec-adaptive: not with {reason}")
     candidates = candidate_depths(worker)
     policy = GoodputPolicy(candidates)
-    ADAPTIVE = AdaptiveState("goodput", candidates, policy)
+    ADAPTIVE = AdaptiveState("goodput", candidates, policy, config.adaptive_skip_extend, worker)
     controller = AdaptiveController(worker, GoodputAdapter(policy, ADAPTIVE))
     with draft_tp_context(worker._draft_worker.parallel_layout):  # as SGLang builds its own
         controller.register(_current_state(worker))
@@ -225,6 +245,21 @@ def timed_forward(original, worker, batch, *args, **kwargs):
     return result
 
 
+def extend_skipped(batch, batch_output) -> bool:
+    """At a depth-0 step whose next step does not draft either: skip the draft extend
+    (SGLang's stub fills the draft input, `window_update_without_extend` the window)."""
+    state = ADAPTIVE
+    if state is None or not state.skip_extend or batch.forward_mode.is_idle():
+        return False
+    if state.worker.speculative_num_steps != 0:
+        return False
+    if state.next_step_drafts(batch.seq_lens.shape[0]):
+        return False
+    state.worker._stub_skipped_draft_extend(batch, batch_output)
+    state.extends_skipped += 1
+    return True
+
+
 def window_update_without_extend(result, worker, batch, batch_output, *args, **kwargs):
     """AFTER `_stub_skipped_draft_extend`: the depth-0 step's verified token and top-K_ver
     enter NanoSpec's window, as the skipped draft extend would have had them enter."""
@@ -241,17 +276,20 @@ def register_hooks() -> None:
 
 
 def live_change_problem(changes: dict) -> str | None:
-    """Why a live `adaptive` change cannot apply here, or None."""
-    if "adaptive" not in changes:
-        return None
-    if ADAPTIVE is None or ADAPTIVE.policy is None:
-        return "adaptive: start the server with --nanospec-adaptive to switch it live"
+    """Why a live `adaptive` / `adaptive_depth` change cannot apply here, or None."""
+    for key in ("adaptive", "adaptive_depth"):
+        if key in changes and (ADAPTIVE is None or ADAPTIVE.policy is None):
+            return f"{key}: start the server with --nanospec-adaptive to switch it live"
+    depth = changes.get("adaptive_depth", -1)
+    if depth != -1 and depth not in ADAPTIVE.candidates:
+        return f"adaptive_depth: {depth} is not a candidate depth {ADAPTIVE.candidates}"
     return None
 
 
 def apply_live(config: NanoSpecConfig) -> None:
     if ADAPTIVE is not None and ADAPTIVE.policy is not None:
         ADAPTIVE.policy.enabled = config.adaptive
+        ADAPTIVE.policy.pinned = None if config.adaptive_depth == -1 else config.adaptive_depth
 
 
 def published() -> dict | None:

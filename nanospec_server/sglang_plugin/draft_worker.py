@@ -19,7 +19,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
 from nanospec_server.config import Mode, NanoSpecConfig
-from nanospec_server.sglang_plugin import eagle3, tp_head
+from nanospec_server.sglang_plugin import adaptive, eagle3, tp_head
 from nanospec_server.sglang_plugin import runtime as runtime_module
 from nanospec_server.sglang_plugin.packed_head import PackedHeadLogitsProcessor
 from nanospec_server.sglang_plugin.request_stats import RequestStats
@@ -89,6 +89,8 @@ class NanoSpecDraftMixin:
             return super().draft(batch, *args, **kwargs)
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
+        if adaptive.extend_skipped(batch, batch_result):
+            return None  # a depth-0 step before another: SGLang's stub, our window update
         # the depth in force now: adaptive speculation switches it between steps
         self.nanospec.on_verify(batch, batch_result, self.speculative_num_steps)
         with self.nanospec.stats.timer.draft_phase(batch.req_pool_indices):

@@ -43,15 +43,19 @@ def test_cost_model_forgets_old_timings() -> None:
     assert model.predict(1, 2) == pytest.approx(0.1)
 
 
-def test_cost_model_needs_two_depths() -> None:
+def test_cost_model_needs_two_depths_one_of_them_timed_often() -> None:
     model = StepCostModel()
     for b in range(1, 9):
         model.observe(b, 3, 0.01 * b)
-    assert not model.ready
-    for _ in range(model.min_samples):
-        assert not model.ready
-        model.observe(1, 0, 0.005)
-    assert model.ready
+    assert not model.ready  # one depth only
+    model.observe(1, 0, 0.005)
+    assert model.ready  # depth 3 timed often, depth 0 once
+    fresh = StepCostModel()
+    for k in (0, 3) * (fresh.min_samples - 1):
+        fresh.observe(1, k, 0.01)
+    assert not fresh.ready  # two depths, neither min_samples times
+    fresh.observe(1, 0, 0.01)
+    assert fresh.ready
 
 
 @settings(max_examples=60, deadline=None)
@@ -130,15 +134,44 @@ def test_hysteresis_holds_a_depth_against_a_small_gain() -> None:
     assert policy.choose(4).depth == first and policy.choose(4).reason == "hold"
 
 
-def test_explores_every_depth_until_timed_then_probes() -> None:
-    policy = GoodputPolicy([0, 1, 3], probe_every=5)
+@pytest.mark.parametrize("candidates", [[0, 4], [0, 1, 2, 3, 4]])
+def test_cold_start_takes_one_deep_step_then_probes(candidates) -> None:
+    """A fresh server times plain decoding ``min_samples`` times, the full depth once, and
+    then decides on goodput: one expensive exploratory step, not three per depth."""
+    policy = GoodputPolicy(candidates, probe_every=5)
     explored = []
     while (decision := policy.choose(1)).reason == "explore":
         explored.append(decision.depth)
         policy.cost.observe(1, decision.depth, 0.01 + 0.001 * decision.depth)
-    assert set(explored) == {0, 1, 3} and len(explored) <= 3 * policy.cost.min_samples
+    assert explored == [0] * policy.cost.min_samples + [candidates[-1]]
     reasons = [policy.choose(1).reason for _ in range(10)]
     assert reasons.count("probe") == 2 and "explore" not in reasons
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.001, 10.0), min_size=1, max_size=40), st.integers(1, 5))
+def test_exploration_is_bounded_whatever_the_timings(times, deepest) -> None:
+    """However the host's timings fall, exploration ends after ``min_samples`` + 1 steps
+    and spends at most one of them above depth 0."""
+    policy = GoodputPolicy(list(range(deepest + 1)))
+    explored = []
+    for seconds in times:
+        decision = policy.choose(8)
+        if decision.reason != "explore":
+            break
+        explored.append(decision.depth)
+        policy.cost.observe(8, decision.depth, seconds)
+    assert len(explored) <= policy.cost.min_samples + 1
+    assert sum(1 for k in explored if k > 0) <= 1
+
+
+def test_pinned_depth_overrides_the_policy() -> None:
+    policy = ready_policy(np.array([0.03, 0.02, 0.01, 0.004]), 0.9, [0, 1, 2, 3])
+    policy.pinned = 0
+    assert [policy.choose(b).depth for b in (1, 8, 32)] == [0, 0, 0]
+    assert policy.choose(1).reason == "pinned"
+    policy.pinned = None
+    assert policy.choose(1).reason == "goodput"
 
 
 def test_cost_model_ignores_stalled_steps() -> None:

@@ -28,15 +28,19 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 PROMPTS = make_prompts(count=6, seed=21) + CHAIN_PROMPTS[:4]
 MAX_NEW = [6 + 5 * (i % 5) for i in range(len(PROMPTS))]
 ARRIVAL_GAP_S = 0.15
+CYCLE = VOCAB_SIZE - 3  # the agree target walks this cycle through the vocabulary
+CYCLE_PROMPT = [BOS_ID, 5]
+CYCLE_NEW = CYCLE + 300
 W_MAX = 8192  # the stale-state check needs a whole lap of the vocabulary in the window
-STALE_STATE_CHECKED = {"eagle-chain", "standalone-chain-skip"}
-SKIP_EXTEND = ["--nanospec-adaptive-skip-extend"]
+STALE_STATE_CHECKED = {"eagle-chain", "standalone-chain"}
+KEEP_EXTEND = ["--nanospec-adaptive-keep-extend"]
+# A depth-0 step skips the draft extend unless the next step drafts (the default); "-keep"
+# runs it on every step.
 KINDS = {
     "eagle-chain": speculative_flags("EAGLE", "agree-eagle", 3, 1, 4),
     "standalone-chain": speculative_flags("STANDALONE", "agree-standalone", 3, 1, 4),
-    # a depth-0 step without the draft model's extend pass (SGLang's switch)
-    "standalone-chain-skip": speculative_flags("STANDALONE", "agree-standalone", 3, 1, 4)
-    + SKIP_EXTEND,
+    "standalone-chain-keep": speculative_flags("STANDALONE", "agree-standalone", 3, 1, 4)
+    + KEEP_EXTEND,
     "eagle-tree": speculative_flags("EAGLE", "agree-eagle", 3, 2, 6),
 }
 
@@ -58,25 +62,73 @@ def adaptive_stats(url: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def plain_outputs(serve) -> list[list[int]]:
+def plain_server(serve) -> dict:
+    """Plain decoding's outputs: the staggered prompts, and the long cycle request."""
     with serve("agree-target", []) as url:
-        return generate_staggered(url)
+        staggered = generate_staggered(url)
+        cycle = generate(url, CYCLE_PROMPT, CYCLE_NEW)["output_ids"]
+    return {"staggered": staggered, "cycle": cycle}
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(plain_server) -> list[list[int]]:
+    return plain_server["staggered"]
 
 
 def set_adaptive(url: str, on: bool) -> requests.Response:
+    return change_settings(url, {"adaptive": on})
+
+
+def change_settings(url: str, changes: dict) -> requests.Response:
     return requests.post(
-        f"{url}/nanospec/settings",
-        json={"adaptive": on},
-        headers={"X-Admin-Key": ADMIN_KEY},
-        timeout=60,
+        f"{url}/nanospec/settings", json=changes, headers={"X-Admin-Key": ADMIN_KEY}, timeout=60
     )
+
+
+# (emitted tokens past which, the depth pinned from then on): runs of depth 0 in both laps,
+# each followed by full depth; the second lap's drafts must all be accepted.
+PIN_SCHEDULE = [(0, 0), (CYCLE // 2, 3), (CYCLE + 60, 0), (CYCLE + 120, 3), (CYCLE + 180, 0),
+                (CYCLE + 230, 3)]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["eagle-chain", "standalone-chain"])
+def test_depth_zero_runs_leave_no_stale_state(serve, plain_server, kind: str) -> None:
+    """Runs of depth-0 steps (the draft extend skipped but before the step that drafts
+    again), then full depth, both ways and in both laps of the agree target's cycle. The
+    output is plain decoding's; on the second lap every drafted token is accepted, which
+    fails if a depth-0 step left NanoSpec's window without a verified token or its top-K_ver
+    (the successor would be missing from the draft vocabulary), or if drafting resumed from
+    a stale draft input (SGLang's zero stub drafts token 0)."""
+    flags = KINDS[kind] + ["--nanospec-adaptive", "--nanospec-w-max", str(W_MAX)]
+    with serve("agree-target", flags) as url:
+        assert change_settings(url, {"adaptive_depth": 0}).status_code == 200
+        pins = list(PIN_SCHEDULE[1:])
+
+        def follow_schedule(snapshot: dict) -> None:
+            while pins and snapshot["emitted_tokens"] >= pins[0][0]:
+                response = change_settings(url, {"adaptive_depth": pins.pop(0)[1]})
+                assert response.status_code == 200, response.text
+
+        snapshots, meta = streamed_snapshots(url, CYCLE_PROMPT, CYCLE_NEW, follow_schedule)
+        adaptive = adaptive_stats(url)
+        refused = change_settings(url, {"adaptive_depth": 2 if kind.endswith("tree") else 7})
+    assert meta["output_ids"] == plain_server["cycle"]
+    assert not pins, "the stream ended before the schedule did"
+    assert adaptive["skip_extend_at_depth_0"] and adaptive["pinned_depth"] == 3
+    assert {"0", "3"} <= set(adaptive["steps_by_depth"]), adaptive
+    # every depth-0 step but the last of each run (5 runs) went without the extend
+    assert adaptive["extends_skipped"] >= adaptive["steps_by_depth"]["0"] - 5 > 0, adaptive
+    assert refused.status_code == 400 and "adaptive_depth" in refused.text
+    lap = [s for s in snapshots if s["emitted_tokens"] > CYCLE + 3][:-1]
+    drafted = lap[-1]["drafted_tokens"] - lap[0]["drafted_tokens"]
+    accepted = lap[-1]["accepted_draft_tokens"] - lap[0]["accepted_draft_tokens"]
+    assert drafted >= 60 and accepted == drafted, (drafted, accepted, adaptive)
 
 
 # STANDALONE with the extend kept at depth 0 runs the paths the other two chains cover
 # (SGLang's own extend; our controller on a STANDALONE worker): slow, to keep CI short.
 KIND_PARAMS = [
-    pytest.param(kind, marks=pytest.mark.slow) if kind == "standalone-chain" else kind
-    for kind in KINDS
+    pytest.param(kind, marks=pytest.mark.slow) if kind.endswith("keep") else kind for kind in KINDS
 ]
 
 
@@ -91,7 +143,7 @@ def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind:
         stats = adaptive_stats(url)
     assert stats["policy"] == "goodput" and stats["enabled"]
     assert stats["candidate_depths"] == ([0, 3] if kind.endswith("tree") else [0, 1, 2, 3])
-    assert stats["skip_extend_at_depth_0"] == kind.endswith("skip")
+    assert stats["skip_extend_at_depth_0"] == (not kind.endswith("keep"))
     ran = {int(depth) for depth in stats["steps_by_depth"]}
     assert 0 in ran and len(ran) >= 2, stats  # the depth did change during the run
     sizes = {step["batch_size"] for step in stats["recent_steps"]}
@@ -100,10 +152,11 @@ def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind:
 
 
 def streamed_snapshots(
-    url: str, input_ids: list[int], max_new_tokens: int
+    url: str, input_ids: list[int], max_new_tokens: int, on_chunk=None
 ) -> tuple[list[dict], dict]:
     """The request's NanoSpec statistics as each streamed chunk left the server (a reply
-    that is not streamed carries one snapshot per ~50 tokens), and the last meta_info."""
+    that is not streamed carries one snapshot per ~50 tokens), and the last meta_info
+    (with the whole ``output_ids``). ``on_chunk`` sees each snapshot as it arrives."""
     params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
     body = {"input_ids": input_ids, "sampling_params": params, "stream": True}
     snapshots, meta = [], {}
@@ -111,8 +164,11 @@ def streamed_snapshots(
         assert response.status_code == 200, response.text
         for line in response.iter_lines():
             if line.startswith(b"data: {"):
-                meta = json.loads(line[len(b"data: ") :])["meta_info"]
+                chunk = json.loads(line[len(b"data: ") :])
+                meta = chunk["meta_info"] | {"output_ids": chunk.get("output_ids")}
                 snapshots.append(meta["nanospec"][-1])
+                if on_chunk is not None:
+                    on_chunk(snapshots[-1])
     return snapshots, meta
 
 
@@ -158,7 +214,7 @@ def check_no_stale_state(url: str) -> None:
     assert len(lap) >= 2, [s["emitted_tokens"] for s in snapshots]
     drafted = lap[-1]["drafted_tokens"] - lap[0]["drafted_tokens"]
     accepted = lap[-1]["accepted_draft_tokens"] - lap[0]["accepted_draft_tokens"]
-    assert drafted >= 60 and accepted == drafted, (drafted, accepted)
+    assert drafted >= 60 and accepted == drafted, (drafted, accepted, adaptive)
 
 
 def test_sglang_policy_composes_with_nanospec(serve, plain_outputs, tmp_path) -> None:

@@ -13,6 +13,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nanospec_server.sgl_kernel_cpu import ops as cpu_ops
 from nanospec_server.sgl_kernel_cpu import shim as cpu_shim
@@ -272,6 +274,36 @@ def test_every_extend_row_is_bitwise_a_decode(seed: int, with_tree: bool) -> Non
             assert torch.equal(out[starts[i] + j], decoded[0])
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_one_token_tree_verify_is_bitwise_a_decode(seed: int) -> None:
+    """Depth 0 of adaptive speculation: a verify of one token per request under a tree
+    mask (its 1x1 blocks) computes exactly what a decode step computes."""
+    gen = torch.Generator().manual_seed(seed)
+    prng = random.Random(seed)
+    heads, kv_heads, dim, slots_total = 4, 2, 8, 96
+    seq_lens = [prng.randint(1, 20) for _ in range(prng.randint(1, 5))]
+    k_cache = torch.randn(slots_total, kv_heads, dim, generator=gen)
+    v_cache = torch.randn(slots_total, kv_heads, dim, generator=gen)
+    table = torch.stack([torch.randperm(slots_total, generator=gen)[:24] for _ in seq_lens])
+    reqs = torch.arange(len(seq_lens))
+    q = torch.randn(len(seq_lens), heads, dim, generator=gen)
+    new = table[reqs, torch.tensor(seq_lens) - 1].long()  # the verified token's slot
+    k_ext, v_ext = k_cache[new].clone(), v_cache[new].clone()
+    ones = torch.ones(len(seq_lens), dtype=torch.int64)
+    verified = torch.empty_like(q)
+    cpu_ops.extend_attention(
+        q, k_ext, v_ext, verified, k_cache, v_cache, 1.0, 1.0, table, reqs,
+        torch.tensor(seq_lens), ones, torch.arange(len(seq_lens)), 1, 0.3, 0.0, False, 0,
+        None, None, torch.ones(len(seq_lens), dtype=torch.bool), True,
+    )  # fmt: skip
+    decoded = torch.empty_like(q)
+    cpu_ops.decode_attention(
+        q, k_cache, v_cache, 1.0, 1.0, decoded, None, None, None, torch.empty(0), table, reqs,
+        torch.tensor(seq_lens), 0.3, 0.0, False, 0, None, None,
+    )  # fmt: skip
+    assert torch.equal(verified, decoded)
+
+
 # ----------------------------------------------------------------------------- cache locations
 
 
@@ -344,6 +376,27 @@ def test_copy_all_layer_kv_cache_overlapping() -> None:
         want = old.clone()
         for s, t in zip(src, tgt, strict=True):
             want[t] = old[s]
+        assert torch.equal(b, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 12), st.floats(0.0, 1.0))
+def test_copy_all_layer_kv_cache_with_rows_in_place(seed: int, n: int, in_place: float) -> None:
+    """Moves of a row onto itself (skipped) mixed with real moves, distinct targets: the
+    result is the plain read-all-then-write-all reference's."""
+    gen = torch.Generator().manual_seed(seed)
+    prng = random.Random(seed)
+    bufs = [torch.randn(32, 3, generator=gen), torch.randint(0, 9, (32, 5), dtype=torch.int8)]
+    before = [b.clone() for b in bufs]
+    tgt = prng.sample(range(32), n)
+    src = [t if prng.random() < in_place else prng.randrange(32) for t in tgt]
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64)
+    strides = torch.tensor([b.stride(0) * b.element_size() for b in bufs])
+    cpu_ops.copy_all_layer_kv_cache(ptrs, strides, torch.tensor(tgt), torch.tensor(src))
+    for b, old in zip(bufs, before, strict=True):
+        want = old.clone()
+        for s_, t in zip(src, tgt, strict=True):
+            want[t] = old[s_]
         assert torch.equal(b, want)
 
 

@@ -183,6 +183,11 @@ def extend_attention(
             block = tree_mask[mask_offset : mask_offset + ext_len * ext_len]
             mask_offset += ext_len * ext_len
             tree = block.view(ext_len, ext_len).to(torch.bool)
+            if ext_len == 1 and bool(tree[0, 0]):
+                # A one-token verify (depth 0 of adaptive speculation): the query sees the
+                # prefix and itself, as the causal path gives it without copying the keys
+                # once more through an index list (~2x the attention of a decode step).
+                tree = None
         windowed = sliding_window_size > 0 and (is_causal or tree is not None)
         prefix_keys = torch.arange(prefix_len) if tree is not None else None
         out = o_extend[start : start + ext_len]
