@@ -97,12 +97,14 @@ class AdaptiveState:
     last_decision: Decision | None = None
     pending: Decision | None = None  # the next step's depth, decided a step early
     steps_by_depth: Counter = field(default_factory=Counter)
+    steps_by_batch_size: Counter = field(default_factory=Counter)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     timed_steps: int = 0
     extends_skipped: int = 0  # depth-0 steps that ran without the draft extend
 
     def record(self, batch_size: int, depth: int, seconds: float | None) -> None:
         self.steps_by_depth[depth] += 1
+        self.steps_by_batch_size[batch_size] += 1
         reason = self.last_decision.reason if self.last_decision else None
         entry = {"batch_size": batch_size, "depth": depth, "reason": reason}
         entry["step_ms"] = round(1000 * seconds, 3) if seconds is not None else None
@@ -126,6 +128,7 @@ class AdaptiveState:
             "depth_in_force": self.depth_in_force,
             "extends_skipped": self.extends_skipped,
             "steps_by_depth": {str(k): v for k, v in sorted(self.steps_by_depth.items())},
+            "steps_by_batch_size": {str(k): v for k, v in sorted(self.steps_by_batch_size.items())},
             "recent_steps": list(self.recent),
         }
         if self.policy is not None:

@@ -146,8 +146,8 @@ def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind:
     assert stats["skip_extend_at_depth_0"] == (not kind.endswith("keep"))
     ran = {int(depth) for depth in stats["steps_by_depth"]}
     assert 0 in ran and len(ran) >= 2, stats  # the depth did change during the run
-    sizes = {step["batch_size"] for step in stats["recent_steps"]}
-    assert len(sizes) >= 2, stats  # ... under changing batch sizes
+    # ... under changing batch sizes (over every step: the recent ones may all be the tail's)
+    assert len(stats["steps_by_batch_size"]) >= 2, stats
     assert all(step["step_ms"] > 0 for step in stats["recent_steps"])  # timed on a CPU
 
 
