@@ -72,17 +72,11 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         "live with POST /nanospec/settings {\"adaptive\": false}",
     )  # fmt: skip
     nanospec.add_argument(
-        "--nanospec-adaptive-skip-extend", action="store_true",
-        help="with --nanospec-adaptive (the default): a depth-0 step skips the draft "
-        "model's extend pass unless the next step drafts, so a run of depth-0 steps costs "
-        "plain decodes (the draft's cache then lacks the run's tokens but the last when "
-        "drafting resumes: still lossless, fewer drafts accepted). NanoSpec's window still "
-        "gets every verified token",
-    )  # fmt: skip
-    nanospec.add_argument(
         "--nanospec-adaptive-keep-extend", action="store_true",
         help="with --nanospec-adaptive: run the draft extend on every depth-0 step too "
-        "(an exact draft cache, at its cost per step)",
+        "(an exact draft cache, at its cost per step). By default a depth-0 step skips "
+        "it unless the next step drafts, so a run of depth-0 steps costs plain decodes: "
+        "still lossless, the draft's cache then lacks that run's tokens but the last",
     )  # fmt: skip
 
 
@@ -191,12 +185,8 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
 
 
 def _check_extend_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    skip, keep = args.nanospec_adaptive_skip_extend, args.nanospec_adaptive_keep_extend
-    for flag, given in (("skip", skip), ("keep", keep)):
-        if given and not args.nanospec_adaptive:
-            parser.error(f"--nanospec-adaptive-{flag}-extend: needs --nanospec-adaptive")
-    if skip and keep:
-        parser.error("--nanospec-adaptive-keep-extend: not with --nanospec-adaptive-skip-extend")
+    if args.nanospec_adaptive_keep_extend and not args.nanospec_adaptive:
+        parser.error("--nanospec-adaptive-keep-extend: needs --nanospec-adaptive")
 
 
 def _admin_key_from_env(parser: argparse.ArgumentParser) -> str | None:

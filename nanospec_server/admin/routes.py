@@ -17,6 +17,7 @@ from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nanospec_server.adaptive.live import live_change_problem
 from nanospec_server.admin.auth import require_admin
 from nanospec_server.admin.stats_models import RequestEntry, RequestState, VocabStats, vocab_stats
 from nanospec_server.config import NanoSpecConfig
@@ -54,18 +55,6 @@ def _field_errors(error: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in error.errors()
     )
-
-
-def adaptive_problem(changes: dict, published: dict | None) -> str | None:
-    """Why a live ``adaptive`` change cannot apply: the policy's runtime states are built
-    at start, only with --nanospec-adaptive."""
-    for key in ("adaptive", "adaptive_depth"):
-        if key in changes and (published or {}).get("policy") != "goodput":
-            return f"{key}: start the server with --nanospec-adaptive to switch it live"
-    depth = changes.get("adaptive_depth", -1)
-    if depth != -1 and depth not in published["candidate_depths"]:
-        return f"adaptive_depth: {depth} is not a candidate depth {published['candidate_depths']}"
-    return None
 
 
 def w_max_problem(w_max: Any, w_cap: int) -> str | None:
@@ -147,7 +136,7 @@ def build_router() -> APIRouter:
         current = NanoSpecConfig.model_validate(states[0]["config"])
         if problem := w_max_problem(changes.get("w_max"), current.w_cap):
             raise HTTPException(400, problem)
-        if problem := adaptive_problem(changes, states[0].get("adaptive")):
+        if problem := live_change_problem(changes, states[0].get("adaptive")):
             raise HTTPException(400, problem)
         if changes:
             await _push_settings(changes, key_id)

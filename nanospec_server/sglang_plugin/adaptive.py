@@ -278,17 +278,6 @@ def register_hooks() -> None:
     )
 
 
-def live_change_problem(changes: dict) -> str | None:
-    """Why a live `adaptive` / `adaptive_depth` change cannot apply here, or None."""
-    for key in ("adaptive", "adaptive_depth"):
-        if key in changes and (ADAPTIVE is None or ADAPTIVE.policy is None):
-            return f"{key}: start the server with --nanospec-adaptive to switch it live"
-    depth = changes.get("adaptive_depth", -1)
-    if depth != -1 and depth not in ADAPTIVE.candidates:
-        return f"adaptive_depth: {depth} is not a candidate depth {ADAPTIVE.candidates}"
-    return None
-
-
 def apply_live(config: NanoSpecConfig) -> None:
     if ADAPTIVE is not None and ADAPTIVE.policy is not None:
         ADAPTIVE.policy.enabled = config.adaptive

@@ -23,6 +23,7 @@ from sglang.srt.managers.scheduler_components.internal_state import (
     _UpdateHandler,
 )
 
+from nanospec_server.adaptive.live import live_change_problem
 from nanospec_server.admin import metrics
 from nanospec_server.sglang_plugin import runtime
 
@@ -53,7 +54,7 @@ def _validate(key: str, value: Any) -> None:
         raise UpdateRejected(f"{key}: change NanoSpec settings through POST /nanospec/settings")
     from nanospec_server.sglang_plugin import adaptive
 
-    if problem := adaptive.live_change_problem(value["changes"]):
+    if problem := live_change_problem(value["changes"], adaptive.published()):
         raise UpdateRejected(problem)
     try:
         runtime.RUNTIME.config.model_validate(

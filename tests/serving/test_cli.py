@@ -18,7 +18,6 @@ BAD_FLAGS = [
     (["--speculative-use-rejection-sampling"], "--speculative-use-rejection-sampling"),
     (["--tp-size", "2", "--speculative-algorithm", "EAGLE3"], "--tp-size"),
     (["--tokenizer-worker-num", "2"], "--tokenizer-worker-num"),
-    (["--nanospec-adaptive-skip-extend"], "--nanospec-adaptive-skip-extend"),
     (["--nanospec-adaptive-keep-extend"], "--nanospec-adaptive-keep-extend"),
     (["--nanospec-adaptive", "--speculative-adaptive"], "--nanospec-adaptive"),
 ]
