@@ -140,6 +140,6 @@ def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
             "--max-total-tokens", str(settings.max_total_tokens), "--mem-fraction-static", str(settings.mem_fraction_static)]  # fmt: skip
     bench = SideBySide(configs, config_groups, prompts, AutoTokenizer.from_pretrained(str(target)), store,
                        settings.max_new_tokens)  # fmt: skip
-    bench.run(batches, base, run_dir / "logs")
+    bench.run(batches, base, run_dir / "logs", one_at_a_time=not settings.tiny)
     write_report(run_dir)
     return run_dir

@@ -95,8 +95,11 @@ class SideBySide:
                             "turn": batch.turn, "repeat": batch.repeat,
                             "concurrency": batch.concurrency, "wall_s": wall, "items": items})  # fmt: skip
 
-    def run(self, batches: list[Batch], base_flags: list[str], log_dir: Path) -> None:
-        """Start each group's servers, send its batches, probe its divergences, stop."""
+    def run(
+        self, batches: list[Batch], base_flags: list[str], log_dir: Path, one_at_a_time: bool
+    ) -> None:
+        """Start each group's servers (``one_at_a_time``: for real models, see
+        `running_servers`), send its batches, probe its divergences, stop."""
         log_dir.mkdir(parents=True, exist_ok=True)
         for group in sorted({b.group for b in batches}):
             mine = [b for b in batches if b.group == group]
@@ -110,7 +113,7 @@ class SideBySide:
                 )
                 for name in names
             }
-            with running_servers(servers) as urls:
+            with running_servers(servers, one_at_a_time) as urls:
                 print(f"nanospec bench: group {group} up: {', '.join(urls)}", flush=True)
                 self.execute(mine, self._http_sender(urls))
                 # A server alone probes with its own target: a prompt's logits do not

@@ -42,34 +42,37 @@ def running_server(args: list[str], log_path: Path) -> Iterator[str]:
 
 
 @contextmanager
-def running_servers(servers: dict[str, tuple[list[str], Path]]) -> Iterator[dict[str, str]]:
-    """Start every named server at once (a start is mostly imports and weight loading),
-    wait until all are healthy, yield their URLs; stop them all on exit or failure."""
-    with running_server_processes(servers) as started:
+def running_servers(
+    servers: dict[str, tuple[list[str], Path]], one_at_a_time: bool = False
+) -> Iterator[dict[str, str]]:
+    """Start every named server, wait until all are healthy, yield their URLs; stop them
+    all on exit or failure. By default all start at once (a start is mostly imports and
+    weight loading); ``one_at_a_time`` waits for each before starting the next: SGLang on
+    a CPU sizes its KV pool from the memory free while it profiles, which a neighbour
+    loading its weights at the same moment takes away (real models fail to start so)."""
+    with running_server_processes(servers, one_at_a_time) as started:
         yield {name: url for name, (url, _) in started.items()}
 
 
 @contextmanager
 def running_server_processes(
-    servers: dict[str, tuple[list[str], Path]],
+    servers: dict[str, tuple[list[str], Path]], one_at_a_time: bool = False
 ) -> Iterator[dict[str, tuple[str, subprocess.Popen]]]:
     """`running_servers`, yielding each URL with its `nanospec serve` process (for tests
     of how that process ends)."""
     started: list[subprocess.Popen] = []
     with exit_on_sigterm():
         try:
-            pending = [(name, *_start(*spec, started)) for name, spec in servers.items()]
             running = {}
-            for name, url, process in pending:
-                args, log_path = servers[name]
-                attempt = 1
-                while not _wait_until_healthy(url, process, log_path):
-                    if attempt == PORT_ATTEMPTS:
-                        raise ServerFailed(f"no free port in {attempt} tries:\n{_tail(log_path)}")
-                    # The port was free when picked, but another process bound it first.
-                    url, process = _start(args, log_path, started)
-                    attempt += 1
-                running[name] = (url, process)
+            if one_at_a_time:
+                for name, (args, log_path) in servers.items():
+                    running[name] = _healthy(
+                        args, log_path, *_start(args, log_path, started), started
+                    )
+            else:
+                pending = [(name, *_start(*spec, started)) for name, spec in servers.items()]
+                for name, url, process in pending:
+                    running[name] = _healthy(*servers[name], url, process, started)
             yield running
         finally:
             for process in started:
@@ -81,6 +84,25 @@ def running_server_processes(
                 except subprocess.TimeoutExpired:
                     _signal_group(process, signal.SIGKILL)
                     process.wait()
+
+
+def _healthy(
+    args: list[str],
+    log_path: Path,
+    url: str,
+    process: subprocess.Popen,
+    started: list[subprocess.Popen],
+) -> tuple[str, subprocess.Popen]:
+    """The started server once healthy, started again on another port while it lost its
+    port to another process."""
+    attempt = 1
+    while not _wait_until_healthy(url, process, log_path):
+        if attempt == PORT_ATTEMPTS:
+            raise ServerFailed(f"no free port in {attempt} tries:\n{_tail(log_path)}")
+        # The port was free when picked, but another process bound it first.
+        url, process = _start(args, log_path, started)
+        attempt += 1
+    return url, process
 
 
 @contextmanager
