@@ -41,17 +41,26 @@ class StepCostModel:
     median shrugs those off where a mean would chase them.
 
     Ready once two depths are timed, one of them ``min_samples`` times: the policy times
-    the cheap depth (0) that often and the deep one once (on a loaded host a deep step
-    can cost seconds, most of a short request), and probes keep refining both. While one
+    the cheap depth (0) that often and the deep one once, each after its warm-up step (on
+    a loaded host a deep step can cost seconds, most of a short request), and probes keep
+    refining both. While one
     batch size is all it has seen, the minimum-norm solution still predicts exactly there
     and spreads its guess for other sizes over the per-step and per-request terms."""
 
     window: int = 256
     min_samples: int = 3
     samples: deque = field(default_factory=deque)
+    warmed: set = field(default_factory=set)  # depths whose first step has run
     _coef: np.ndarray | None = None
 
     def observe(self, batch_size: int, depth: int, seconds: float) -> None:
+        """The first step at each depth is a warm-up, not a timing: it pays one-time costs
+        (first kernel calls, allocations; seconds for a bf16 draft on a CPU), and a
+        single such timing of the deep depth kept a fresh server at depth 0 for hundreds
+        of steps, its probes climbing one depth at a time."""
+        if depth not in self.warmed:
+            self.warmed.add(depth)
+            return
         self.samples.append((batch_size, depth, seconds))
         while len(self.samples) > self.window:
             self.samples.popleft()
@@ -127,9 +136,10 @@ class GoodputPolicy:
     """Chooses each step's depth among ``candidates`` (sorted, 0 = plain decoding).
 
     - Until the cost model is ready it explores: the shallowest candidate (plain decoding
-      at 0, what a busy server wants anyway) ``min_samples`` times, then the deepest once.
-      A fresh server thus spends one expensive step on timing the full depth, not three
-      per depth; the linear model spans the depths between, probes refine them.
+      at 0, what a busy server wants anyway) ``min_samples`` times, then the deepest once,
+      each after its warm-up step. A fresh server thus spends two expensive steps on the
+      full depth, not three per depth; the linear model spans the depths between, probes
+      refine them.
     - Then it takes the depth of highest predicted goodput, switching away from the
       current one only for a gain of ``min_gain`` (noise would otherwise flap it).
     - Every ``probe_every`` steps it runs one step at a neighbouring depth, so the cost

@@ -19,7 +19,9 @@ it. So a step that drafts always starts from a fresh extend (the draft's top-k, 
 state and the KV of the last token), while a run of depth-0 steps costs a plain decode
 each; the draft's KV cache lacks the tokens of the run but the last (lossless: the target
 verifies every draft; fewer drafts accepted while those positions stay in context).
-`--nanospec-adaptive-keep-extend` keeps every extend (an exact draft cache). NanoSpec's
+A prefill while the policy has settled on depth 0 likewise skips NanoSpec's top-K_pre
+(`prefill_topk_skipped`). `--nanospec-adaptive-keep-extend` keeps every extend (an exact
+draft cache) and every top-K_pre. NanoSpec's
 `on_verify` (window append of the verified token and the target's top-K_ver) runs on
 every step either way (`window_update_without_extend`): the window state stays exact.
 With `--speculative-adaptive` (SGLang's policy) we install nothing but still time the steps
@@ -101,6 +103,7 @@ class AdaptiveState:
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     timed_steps: int = 0
     extends_skipped: int = 0  # depth-0 steps that ran without the draft extend
+    prefill_topks_skipped: int = 0  # prefills that went without NanoSpec's top-K_pre
 
     def record(self, batch_size: int, depth: int, seconds: float | None) -> None:
         self.steps_by_depth[depth] += 1
@@ -127,6 +130,7 @@ class AdaptiveState:
             "candidate_depths": self.candidates,
             "depth_in_force": self.depth_in_force,
             "extends_skipped": self.extends_skipped,
+            "prefill_topks_skipped": self.prefill_topks_skipped,
             "steps_by_depth": {str(k): v for k, v in sorted(self.steps_by_depth.items())},
             "steps_by_batch_size": {str(k): v for k, v in sorted(self.steps_by_batch_size.items())},
             "recent_steps": list(self.recent),
@@ -260,6 +264,29 @@ def extend_skipped(batch, batch_output) -> bool:
         return False
     state.worker._stub_skipped_draft_extend(batch, batch_output)
     state.extends_skipped += 1
+    return True
+
+
+def prefill_topk_skipped() -> bool:
+    """Whether a prefill now goes without NanoSpec's top-K_pre: while our policy has
+    settled on depth 0 (or is pinned there), as the draft extend does. Those top-K_pre are a
+    full-vocabulary LM head over every prompt position, most of what a speculative server
+    adds to a short request's cost under load (~4 ms per prompt token for a 152k x 896
+    head on one core). A request prefilled so drafts from its prompt's tokens and the
+    target's top-K_ver of every step since, once drafting resumes (lossless either way)."""
+    state = ADAPTIVE
+    if state is None or state.policy is None or not state.skip_extend:
+        return False
+    policy = state.policy
+    if policy.pinned is not None:
+        depth = policy.pinned
+    elif policy.enabled:
+        depth = policy.settled  # None until the cost model is ready: keep the top-K_pre
+    else:
+        depth = policy.deepest
+    if depth != 0:
+        return False
+    state.prefill_topks_skipped += 1
     return True
 
 

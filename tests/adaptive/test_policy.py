@@ -47,15 +47,28 @@ def test_cost_model_needs_two_depths_one_of_them_timed_often() -> None:
     model = StepCostModel()
     for b in range(1, 9):
         model.observe(b, 3, 0.01 * b)
-    assert not model.ready  # one depth only
+    model.observe(1, 0, 0.005)  # depth 0's warm-up
+    assert not model.ready  # one depth timed only
     model.observe(1, 0, 0.005)
     assert model.ready  # depth 3 timed often, depth 0 once
     fresh = StepCostModel()
-    for k in (0, 3) * (fresh.min_samples - 1):
+    for k in (0, 3) * fresh.min_samples:  # each depth's first step is its warm-up
         fresh.observe(1, k, 0.01)
     assert not fresh.ready  # two depths, neither min_samples times
     fresh.observe(1, 0, 0.01)
     assert fresh.ready
+
+
+def test_the_first_step_at_each_depth_is_a_warm_up_not_a_timing() -> None:
+    """A cold first deep step (seconds) must not make drafting look dear: the fit sees
+    only the steps after it."""
+    model = StepCostModel()
+    model.observe(1, 4, 5.0)  # cold
+    for k in (0, 0, 0, 0, 4, 4):
+        model.observe(1, k, 0.010 + 0.005 * k)
+    assert model.ready
+    assert model.predict(1, 4) == pytest.approx(0.030)
+    assert model.predict(1, 0) == pytest.approx(0.010)
 
 
 @settings(max_examples=60, deadline=None)
@@ -136,14 +149,15 @@ def test_hysteresis_holds_a_depth_against_a_small_gain() -> None:
 
 @pytest.mark.parametrize("candidates", [[0, 4], [0, 1, 2, 3, 4]])
 def test_cold_start_takes_one_deep_step_then_probes(candidates) -> None:
-    """A fresh server times plain decoding ``min_samples`` times, the full depth once, and
-    then decides on goodput: one expensive exploratory step, not three per depth."""
+    """A fresh server times plain decoding ``min_samples`` times, the full depth once
+    (each after a warm-up step), and then decides on goodput: two expensive exploratory
+    steps, not three per depth."""
     policy = GoodputPolicy(candidates, probe_every=5)
     explored = []
     while (decision := policy.choose(1)).reason == "explore":
         explored.append(decision.depth)
         policy.cost.observe(1, decision.depth, 0.01 + 0.001 * decision.depth)
-    assert explored == [0] * policy.cost.min_samples + [candidates[-1]]
+    assert explored == [0] * (policy.cost.min_samples + 1) + [candidates[-1]] * 2
     reasons = [policy.choose(1).reason for _ in range(10)]
     assert reasons.count("probe") == 2 and "explore" not in reasons
 
@@ -151,8 +165,8 @@ def test_cold_start_takes_one_deep_step_then_probes(candidates) -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.001, 10.0), min_size=1, max_size=40), st.integers(1, 5))
 def test_exploration_is_bounded_whatever_the_timings(times, deepest) -> None:
-    """However the host's timings fall, exploration ends after ``min_samples`` + 1 steps
-    and spends at most one of them above depth 0."""
+    """However the host's timings fall, exploration ends after ``min_samples`` + 3 steps
+    (two of them warm-ups) and spends at most two of them above depth 0."""
     policy = GoodputPolicy(list(range(deepest + 1)))
     explored = []
     for seconds in times:
@@ -161,8 +175,8 @@ def test_exploration_is_bounded_whatever_the_timings(times, deepest) -> None:
             break
         explored.append(decision.depth)
         policy.cost.observe(8, decision.depth, seconds)
-    assert len(explored) <= policy.cost.min_samples + 1
-    assert sum(1 for k in explored if k > 0) <= 1
+    assert len(explored) <= policy.cost.min_samples + 3
+    assert sum(1 for k in explored if k > 0) <= 2
 
 
 def test_pinned_depth_overrides_the_policy() -> None:

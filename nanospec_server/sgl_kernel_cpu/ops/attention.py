@@ -31,6 +31,33 @@ def _dequant(buf: torch.Tensor, scale: float) -> torch.Tensor:
     return out
 
 
+def _gather_keys(
+    buffer: torch.Tensor,
+    prefix_slots: torch.Tensor,
+    new_slots: torch.Tensor,
+    new_rows: tuple[torch.Tensor, torch.Tensor] | None,
+    which: int,
+    scale: float,
+) -> torch.Tensor:
+    """A request's keys (``which`` 0) or values (1) as one float32 ``[seq_len, Hkv, D]``:
+    the cached prefix, then the new tokens' rows (``new_rows``, else from the cache).
+    Written into one buffer, not concatenated: a verify of one token per request would
+    otherwise copy its whole prefix twice per layer, where a decode step copies it once."""
+    prefix_len, ext_len = prefix_slots.numel(), new_slots.numel()
+    out = torch.empty((prefix_len + ext_len, *buffer.shape[1:]), dtype=torch.float32)
+    if buffer.dtype == torch.float32:
+        torch.index_select(buffer, 0, prefix_slots, out=out[:prefix_len])
+    else:
+        out[:prefix_len].copy_(buffer.index_select(0, prefix_slots))
+    if new_rows is None:
+        out[prefix_len:].copy_(buffer.index_select(0, new_slots.to(torch.int64)))
+    if scale != 1.0:  # undoes the fp8 cache scale: cached rows only
+        out[: prefix_len if new_rows is not None else None].mul_(scale)
+    if new_rows is not None:
+        out[prefix_len:].copy_(new_rows[which].reshape(ext_len, *buffer.shape[1:]))
+    return out
+
+
 def _attend_row(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -167,17 +194,11 @@ def extend_attention(
         row = req_to_token[reqs[i]]
         q = q_extend[start : start + ext_len].to(torch.float32)
         prefix_slots = row[:prefix_len].to(torch.int64)
-        k_pre = _dequant(k_buffer.index_select(0, prefix_slots), key_scale)
-        v_pre = _dequant(v_buffer.index_select(0, prefix_slots), value_scale)
+        new_rows = None
         if k_extend is not None and v_extend is not None:
-            k_new = k_extend[start : start + ext_len].to(torch.float32)
-            v_new = v_extend[start : start + ext_len].to(torch.float32)
-        else:
-            new_slots = row[prefix_len:seq_len].to(torch.int64)
-            k_new = _dequant(k_buffer.index_select(0, new_slots), key_scale)
-            v_new = _dequant(v_buffer.index_select(0, new_slots), value_scale)
-        k = torch.cat([k_pre, k_new.reshape(ext_len, *k_pre.shape[1:])], dim=0)
-        v = torch.cat([v_pre, v_new.reshape(ext_len, *v_pre.shape[1:])], dim=0)
+            new_rows = (k_extend[start : start + ext_len], v_extend[start : start + ext_len])
+        k = _gather_keys(k_buffer, prefix_slots, row[prefix_len:seq_len], new_rows, 0, key_scale)
+        v = _gather_keys(v_buffer, prefix_slots, row[prefix_len:seq_len], new_rows, 1, value_scale)
         tree = None
         if tree_mask is not None:
             block = tree_mask[mask_offset : mask_offset + ext_len * ext_len]
