@@ -181,7 +181,7 @@ class GoodputPolicy:
         if not self.cost.ready:
             return Decision(self._explore_depth(), "explore", {})
         predicted = {k: self.goodput(batch_size, k) for k in self.candidates}
-        best = max(self.candidates, key=lambda k: (predicted[k], -k))
+        best = _argmax(predicted)
         held = self.settled
         if held is None or predicted[best] > predicted[held] * (1 + self.min_gain):
             chosen, reason = best, "goodput"
@@ -191,6 +191,14 @@ class GoodputPolicy:
         if self.steps % self.probe_every == 0:
             return Decision(self._neighbour(chosen), "probe", predicted)
         return Decision(chosen, reason, predicted)
+
+    def predicted_best(self, batch_size: int) -> int | None:
+        """The depth of highest predicted goodput at this batch size, as a fresh decision
+        would take it (no hysteresis, no probe, no state changed); None until the cost
+        model is ready."""
+        if not self.cost.ready:
+            return None
+        return _argmax({k: self.goodput(batch_size, k) for k in self.candidates})
 
     def _explore_depth(self) -> int:
         """The shallowest depth until it has ``min_samples`` timings, then the deepest."""
@@ -205,3 +213,8 @@ class GoodputPolicy:
         go_up = index == 0 or (self._probe_up and index < len(self.candidates) - 1)
         self._probe_up = not self._probe_up
         return self.candidates[index + 1 if go_up else index - 1]
+
+
+def _argmax(predicted: dict[int, float]) -> int:
+    """The depth of highest predicted goodput, the shallower on a tie."""
+    return max(predicted, key=lambda k: (predicted[k], -k))

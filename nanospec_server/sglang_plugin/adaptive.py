@@ -267,9 +267,10 @@ def extend_skipped(batch, batch_output) -> bool:
     return True
 
 
-def prefill_topk_skipped() -> bool:
-    """Whether a prefill now goes without NanoSpec's top-K_pre: while our policy has
-    settled on depth 0 (or is pinned there), as the draft extend does. Those top-K_pre are a
+def prefill_topk_skipped(batch) -> bool:
+    """Whether this prefill goes without NanoSpec's top-K_pre: when the batch its requests
+    join (them, plus the last decode step's requests) would run at depth 0, as a fresh
+    decision of our policy predicts it (or it is pinned there). Those top-K_pre are a
     full-vocabulary LM head over every prompt position, most of what a speculative server
     adds to a short request's cost under load (~4 ms per prompt token for a 152k x 896
     head on one core). A request prefilled so drafts from its prompt's tokens and the
@@ -280,10 +281,11 @@ def prefill_topk_skipped() -> bool:
     policy = state.policy
     if policy.pinned is not None:
         depth = policy.pinned
-    elif policy.enabled:
-        depth = policy.settled  # None until the cost model is ready: keep the top-K_pre
-    else:
+    elif not policy.enabled:
         depth = policy.deepest
+    else:
+        running = state.recent[-1]["batch_size"] if state.recent else 0
+        depth = policy.predicted_best(running + len(batch.reqs))  # None: not ready yet
     if depth != 0:
         return False
     state.prefill_topks_skipped += 1

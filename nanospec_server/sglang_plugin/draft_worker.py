@@ -78,7 +78,7 @@ class NanoSpecDraftMixin:
     def _draft_extend_for_prefill(self, batch, target_hidden_states, *args, **kwargs):
         if self.prefill_topk is not None:  # EAGLE-3: the hidden states are the auxiliary ones
             self.nanospec.on_prefill(batch, None, eagle3.prefill_top_for(batch, self.prefill_topk))
-        elif adaptive.prefill_topk_skipped():
+        elif adaptive.prefill_topk_skipped(batch):
             self.nanospec.on_prefill(batch, None)  # the prompt's tokens only
         else:
             self.nanospec.on_prefill(batch, target_hidden_states)

@@ -206,3 +206,16 @@ def test_off_drafts_at_the_launch_depth() -> None:
 def test_bad_candidates_are_refused() -> None:
     with pytest.raises(ValueError, match="non-negative"):
         GoodputPolicy([-1, 2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(coefficient, min_size=4, max_size=4), st.floats(0.0, 0.99), st.integers(1, 48))
+def test_predicted_best_is_a_fresh_decision_that_changes_nothing(coef, p, batch_size) -> None:
+    """What a prefill asks (would the batch it joins draft?) is the decision a fresh
+    policy would take, and asking it moves neither the step count nor the held depth."""
+    coef = np.array(coef) + np.array([1e-3, 0, 0, 0])
+    policy = ready_policy(coef, p, [0, 1, 2, 3], min_gain=0.0)
+    fresh = ready_policy(coef, p, [0, 1, 2, 3], min_gain=0.0)
+    assert policy.predicted_best(batch_size) == fresh.choose(batch_size).depth
+    assert (policy.steps, policy.settled) == (0, None)
+    assert GoodputPolicy([0, 3]).predicted_best(batch_size) is None  # no cost model yet
