@@ -23,38 +23,24 @@ import torch
 __all__ = ["decode_attention", "extend_attention"]
 
 
-def _dequant(buf: torch.Tensor, scale: float) -> torch.Tensor:
-    """Rows of a KV buffer as float32, undoing the fp8 cache scale when there is one."""
-    out = buf.to(torch.float32)
-    if scale != 1.0:
-        out = out * scale
-    return out
-
-
-def _gather_keys(
-    buffer: torch.Tensor,
-    prefix_slots: torch.Tensor,
-    new_slots: torch.Tensor,
-    new_rows: tuple[torch.Tensor, torch.Tensor] | None,
-    which: int,
-    scale: float,
+def _gathered(
+    buffer: torch.Tensor, slots: torch.Tensor, scale: float, own_rows: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """A request's keys (``which`` 0) or values (1) as one float32 ``[seq_len, Hkv, D]``:
-    the cached prefix, then the new tokens' rows (``new_rows``, else from the cache).
-    Written into one buffer, not concatenated: a verify of one token per request would
-    otherwise copy its whole prefix twice per layer, where a decode step copies it once."""
-    prefix_len, ext_len = prefix_slots.numel(), new_slots.numel()
-    out = torch.empty((prefix_len + ext_len, *buffer.shape[1:]), dtype=torch.float32)
+    """Cache rows ``slots`` as one float32 ``[len(slots) (+ own), Hkv, D]``, the fp8 cache
+    scale undone, then ``own_rows`` (a step's own K or V, unscaled) when given. Written
+    into one buffer: a one-token verify that concatenated its prefix with its own row
+    copied the prefix twice per layer, where a decode step copies it once."""
+    cached = slots.numel()
+    own = 0 if own_rows is None else own_rows.shape[0]
+    out = torch.empty((cached + own, *buffer.shape[1:]), dtype=torch.float32)
     if buffer.dtype == torch.float32:
-        torch.index_select(buffer, 0, prefix_slots, out=out[:prefix_len])
+        torch.index_select(buffer, 0, slots, out=out[:cached])
     else:
-        out[:prefix_len].copy_(buffer.index_select(0, prefix_slots))
-    if new_rows is None:
-        out[prefix_len:].copy_(buffer.index_select(0, new_slots.to(torch.int64)))
-    if scale != 1.0:  # undoes the fp8 cache scale: cached rows only
-        out[: prefix_len if new_rows is not None else None].mul_(scale)
-    if new_rows is not None:
-        out[prefix_len:].copy_(new_rows[which].reshape(ext_len, *buffer.shape[1:]))
+        out[:cached].copy_(buffer.index_select(0, slots))
+    if scale != 1.0:
+        out[:cached].mul_(scale)
+    if own_rows is not None:
+        out[cached:].copy_(own_rows.reshape(own, *buffer.shape[1:]))
     return out
 
 
@@ -137,8 +123,8 @@ def decode_attention(
         if sliding_window_size > 0:
             start = max(0, seq_len - sliding_window_size)
         slots = req_to_token[reqs[i], start:seq_len].to(torch.int64)
-        k = _dequant(k_cache.index_select(0, slots), key_scale)
-        v = _dequant(v_cache.index_select(0, slots), value_scale)
+        k = _gathered(k_cache, slots, key_scale)
+        v = _gathered(v_cache, slots, value_scale)
         out[i].copy_(_attend_row(q_all[i], k, v, sm_scale, logit_cap, sinks).to(out.dtype))
 
 
@@ -193,12 +179,13 @@ def extend_attention(
         prefix_len = seq_len - ext_len
         row = req_to_token[reqs[i]]
         q = q_extend[start : start + ext_len].to(torch.float32)
-        prefix_slots = row[:prefix_len].to(torch.int64)
-        new_rows = None
         if k_extend is not None and v_extend is not None:
-            new_rows = (k_extend[start : start + ext_len], v_extend[start : start + ext_len])
-        k = _gather_keys(k_buffer, prefix_slots, row[prefix_len:seq_len], new_rows, 0, key_scale)
-        v = _gather_keys(v_buffer, prefix_slots, row[prefix_len:seq_len], new_rows, 1, value_scale)
+            cached = row[:prefix_len].to(torch.int64)
+            k = _gathered(k_buffer, cached, key_scale, k_extend[start : start + ext_len])
+            v = _gathered(v_buffer, cached, value_scale, v_extend[start : start + ext_len])
+        else:  # KV-shared layers: the new tokens' K/V are in the cache too
+            cached = row[:seq_len].to(torch.int64)
+            k, v = _gathered(k_buffer, cached, key_scale), _gathered(v_buffer, cached, value_scale)
         tree = None
         if tree_mask is not None:
             block = tree_mask[mask_offset : mask_offset + ext_len * ext_len]
