@@ -66,7 +66,9 @@ class NanoSpecConfig(BaseModel):
     # At depth 0 skip the draft model's extend pass unless the next step drafts
     # (sglang_plugin/adaptive.py): a run of depth-0 steps then costs plain decodes, and the
     # draft's KV cache misses that run's tokens but the last (lossless all the same; fewer
-    # drafts accepted for the requests that lived through it). False: every extend runs.
+    # drafts accepted for the requests that lived through it); a prefill into a batch the
+    # policy would run at depth 0 skips NanoSpec's top-K_pre the same way. False: every
+    # extend and every top-K_pre runs.
     adaptive_skip_extend: bool = Field(
         True, description="at depth 0, the draft extend only before a drafting step (start-time)"
     )

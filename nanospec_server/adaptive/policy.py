@@ -43,9 +43,9 @@ class StepCostModel:
     Ready once two depths are timed, one of them ``min_samples`` times: the policy times
     the cheap depth (0) that often and the deep one once, each after its warm-up step (on
     a loaded host a deep step can cost seconds, most of a short request), and probes keep
-    refining both. While one
-    batch size is all it has seen, the minimum-norm solution still predicts exactly there
-    and spreads its guess for other sizes over the per-step and per-request terms."""
+    refining both. While one batch size is all it has seen, the minimum-norm solution
+    still predicts exactly there and spreads its guess for other sizes over the per-step
+    and per-request terms."""
 
     window: int = 256
     min_samples: int = 3
@@ -174,10 +174,8 @@ class GoodputPolicy:
 
     def choose(self, batch_size: int) -> Decision:
         self.steps += 1
-        if self.pinned is not None:
-            return Decision(self.pinned, "pinned", {})
-        if not self.enabled or len(self.candidates) == 1:
-            return Decision(self.deepest, "fixed", {})
+        if fixed := self._fixed():
+            return fixed
         if not self.cost.ready:
             return Decision(self._explore_depth(), "explore", {})
         predicted = {k: self.goodput(batch_size, k) for k in self.candidates}
@@ -193,12 +191,23 @@ class GoodputPolicy:
         return Decision(chosen, reason, predicted)
 
     def predicted_best(self, batch_size: int) -> int | None:
-        """The depth of highest predicted goodput at this batch size, as a fresh decision
-        would take it (no hysteresis, no probe, no state changed); None until the cost
-        model is ready."""
+        """The depth a fresh decision would take at this batch size (no hysteresis, no
+        probe, no state changed): the pinned or fixed depth, else the highest predicted
+        goodput; None while the cost model is not ready."""
+        if fixed := self._fixed():
+            return fixed.depth
         if not self.cost.ready:
             return None
         return _argmax({k: self.goodput(batch_size, k) for k in self.candidates})
+
+    def _fixed(self) -> Decision | None:
+        """The decision that needs no prediction: the pinned depth, or the deepest while
+        the policy is off (or has one candidate)."""
+        if self.pinned is not None:
+            return Decision(self.pinned, "pinned", {})
+        if not self.enabled or len(self.candidates) == 1:
+            return Decision(self.deepest, "fixed", {})
+        return None
 
     def _explore_depth(self) -> int:
         """The shallowest depth until it has ``min_samples`` timings, then the deepest."""

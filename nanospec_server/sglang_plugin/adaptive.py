@@ -19,8 +19,8 @@ it. So a step that drafts always starts from a fresh extend (the draft's top-k, 
 state and the KV of the last token), while a run of depth-0 steps costs a plain decode
 each; the draft's KV cache lacks the tokens of the run but the last (lossless: the target
 verifies every draft; fewer drafts accepted while those positions stay in context).
-A prefill while the policy has settled on depth 0 likewise skips NanoSpec's top-K_pre
-(`prefill_topk_skipped`). `--nanospec-adaptive-keep-extend` keeps every extend (an exact
+A prefill whose requests join a batch that the policy would run at depth 0 likewise skips
+NanoSpec's top-K_pre (`prefill_topk_skipped`). `--nanospec-adaptive-keep-extend` keeps every extend (an exact
 draft cache) and every top-K_pre. NanoSpec's
 `on_verify` (window append of the verified token and the target's top-K_ver) runs on
 every step either way (`window_update_without_extend`): the window state stays exact.
@@ -278,15 +278,8 @@ def prefill_topk_skipped(batch) -> bool:
     state = ADAPTIVE
     if state is None or state.policy is None or not state.skip_extend:
         return False
-    policy = state.policy
-    if policy.pinned is not None:
-        depth = policy.pinned
-    elif not policy.enabled:
-        depth = policy.deepest
-    else:
-        running = state.recent[-1]["batch_size"] if state.recent else 0
-        depth = policy.predicted_best(running + len(batch.reqs))  # None: not ready yet
-    if depth != 0:
+    running = state.recent[-1]["batch_size"] if state.recent else 0
+    if state.policy.predicted_best(running + len(batch.reqs)) != 0:  # None: not ready yet
         return False
     state.prefill_topks_skipped += 1
     return True

@@ -219,3 +219,7 @@ def test_predicted_best_is_a_fresh_decision_that_changes_nothing(coef, p, batch_
     assert policy.predicted_best(batch_size) == fresh.choose(batch_size).depth
     assert (policy.steps, policy.settled) == (0, None)
     assert GoodputPolicy([0, 3]).predicted_best(batch_size) is None  # no cost model yet
+    policy.pinned = 0
+    assert policy.predicted_best(batch_size) == 0  # pinned, as `choose` takes it
+    policy.pinned, policy.enabled = None, False
+    assert policy.predicted_best(batch_size) == 3  # off: the launch depth
