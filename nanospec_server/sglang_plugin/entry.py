@@ -118,7 +118,9 @@ def freeze_gc_once_listening(original, server_args) -> None:
         listeners = port_listeners(port)
         if os.getpid() in listeners:
             return original(server_args)
-        if listeners:
+        # None is a socket no process owns in this snapshot: ours, caught between its
+        # bind and psutil's scan of our file descriptors, or another user's; wait on it.
+        if listeners - {None}:
             break  # another process listens there: our bind fails
         time.sleep(0.1)
     logger.info("nanospec: server not listening on port %d; post-warmup freeze_gc skipped", port)
