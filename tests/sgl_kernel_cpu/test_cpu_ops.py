@@ -275,9 +275,12 @@ def test_every_extend_row_is_bitwise_a_decode(seed: int, with_tree: bool) -> Non
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_one_token_tree_verify_is_bitwise_a_decode(seed: int) -> None:
+@pytest.mark.parametrize("with_tree", [True, False])
+@pytest.mark.parametrize("window", [0, 4])
+def test_one_token_extend_is_bitwise_a_decode(seed: int, with_tree: bool, window: int) -> None:
     """Depth 0 of adaptive speculation: a verify of one token per request under a tree
-    mask (its 1x1 blocks) computes exactly what a decode step computes."""
+    mask (its 1x1 blocks), or a one-token prefill, computes exactly what a decode step
+    computes, a sliding window included."""
     gen = torch.Generator().manual_seed(seed)
     prng = random.Random(seed)
     heads, kv_heads, dim, slots_total = 4, 2, 8, 96
@@ -293,13 +296,13 @@ def test_one_token_tree_verify_is_bitwise_a_decode(seed: int) -> None:
     verified = torch.empty_like(q)
     cpu_ops.extend_attention(
         q, k_ext, v_ext, verified, k_cache, v_cache, 1.0, 1.0, table, reqs,
-        torch.tensor(seq_lens), ones, torch.arange(len(seq_lens)), 1, 0.3, 0.0, False, 0,
-        None, None, torch.ones(len(seq_lens), dtype=torch.bool), True,
+        torch.tensor(seq_lens), ones, torch.arange(len(seq_lens)), 1, 0.3, 0.0, False, window,
+        None, None, torch.ones(len(seq_lens), dtype=torch.bool) if with_tree else None, True,
     )  # fmt: skip
     decoded = torch.empty_like(q)
     cpu_ops.decode_attention(
         q, k_cache, v_cache, 1.0, 1.0, decoded, None, None, None, torch.empty(0), table, reqs,
-        torch.tensor(seq_lens), 0.3, 0.0, False, 0, None, None,
+        torch.tensor(seq_lens), 0.3, 0.0, False, window, None, None,
     )  # fmt: skip
     assert torch.equal(verified, decoded)
 
