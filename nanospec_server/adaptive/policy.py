@@ -72,6 +72,10 @@ class StepCostModel:
             counts[k] = counts.get(k, 0) + 1
         return counts
 
+    def largest_batch_timed(self, depth: int) -> int:
+        """The largest batch size with a timing at this depth (0 if none)."""
+        return max((b for b, k, _ in self.samples if k == depth), default=0)
+
     @property
     def ready(self) -> bool:
         counts = self.timings_per_depth()
@@ -179,6 +183,11 @@ class GoodputPolicy:
         if not self.cost.ready:
             return Decision(self._explore_depth(), "explore", {})
         predicted = {k: self.goodput(batch_size, k) for k in self.candidates}
+        shallowest = self.candidates[0]
+        if batch_size > self.cost.largest_batch_timed(shallowest):
+            # The fit cannot split a per-request cost between depths it has timed at
+            # smaller batches only: time the cheap depth at this size before trusting it.
+            return Decision(shallowest, "probe", predicted)
         best = _argmax(predicted)
         held = self.settled
         if held is None or predicted[best] > predicted[held] * (1 + self.min_gain):

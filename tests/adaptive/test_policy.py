@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from nanospec_server.adaptive.policy import (
     AcceptanceEstimate,
+    Decision,
     GoodputPolicy,
     StepCostModel,
     step_features,
@@ -101,7 +102,7 @@ def test_expected_tokens_is_the_geometric_sum() -> None:
 
 def ready_policy(coef: np.ndarray, p: float, candidates: list[int], **kw) -> GoodputPolicy:
     policy = GoodputPolicy(candidates, probe_every=10**9, **kw)
-    policy.cost = exact_cost_model(coef, candidates, [1, 2, 4, 8, 16, 32])
+    policy.cost = exact_cost_model(coef, candidates, [1, 2, 4, 8, 16, 32, 64])
     policy.acceptance = AcceptanceEstimate(successes=p * 1000, trials=1000)
     return policy
 
@@ -223,3 +224,45 @@ def test_predicted_best_is_a_fresh_decision_that_changes_nothing(coef, p, batch_
     assert policy.predicted_best(batch_size) == 0  # pinned, as `choose` takes it
     policy.pinned, policy.enabled = None, False
     assert policy.predicted_best(batch_size) == 3  # off: the launch depth
+
+
+# The default pair on this 2-core host (1.5B target, 0.5B STANDALONE draft, bf16), fitted to
+# its measured step times at batch 1-16 and depth 0-4: weights read once per step dominate a
+# small batch, and every drafted token costs about two requests' decode.
+CPU_HOST = np.array([0.152, 0.0045, 0.035, 0.0096])
+
+
+def host_best_depth(coef: np.ndarray, p: float, batch_size: int, candidates: list[int]) -> int:
+    def goodput(k: int) -> float:
+        return (
+            batch_size
+            * sum(p**i for i in range(k + 1))
+            / float(step_features(batch_size, k) @ coef)
+        )
+
+    return max(candidates, key=goodput)
+
+
+@pytest.mark.parametrize("batch_size", [4, 8, 16])
+def test_a_larger_batch_times_depth_0_before_trusting_the_fit(batch_size: int) -> None:
+    """After a run at batch 1 (where drafting pays), the fit has depth 0 at batch 1 only and
+    cannot split the per-request cost between the depths: extrapolated, it kept the policy
+    drafting deep at batch 4 where one draft token is best. The first step at a batch size
+    larger than any timed at depth 0 is a depth-0 probe; then, with its probes, the policy
+    settles on the host's best depth there."""
+    candidates, p = [0, 1, 2, 3, 4], 0.72
+    policy = GoodputPolicy(candidates)
+    policy.acceptance = AcceptanceEstimate(successes=p * 1000, trials=1000)
+
+    def run(decision: Decision, b: int) -> None:
+        policy.cost.observe(b, decision.depth, float(step_features(b, decision.depth) @ CPU_HOST))
+
+    for _ in range(40):
+        run(policy.choose(1), 1)
+    assert policy.settled == host_best_depth(CPU_HOST, p, 1, candidates) > 0
+    first = policy.choose(batch_size)
+    assert (first.depth, first.reason) == (0, "probe")
+    run(first, batch_size)
+    for _ in range(70):
+        run(policy.choose(batch_size), batch_size)
+    assert policy.settled == host_best_depth(CPU_HOST, p, batch_size, candidates)
