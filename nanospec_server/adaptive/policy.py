@@ -148,6 +148,9 @@ class GoodputPolicy:
       current one only for a gain of ``min_gain`` (noise would otherwise flap it).
     - Every ``probe_every`` steps it runs one step at a neighbouring depth, so the cost
       model and, from depth 0, the acceptance estimate stay current.
+    - A batch larger than any timed at depth 0 runs at depth 0 first (a probe): the cheap
+      step that a growing load most likely wants, and the timing that tells the fit how
+      a request's cost grows without drafts.
     - Off (``enabled`` False), it drafts at the deepest candidate: the fixed behaviour.
     """
 
