@@ -9,6 +9,7 @@ their batch size, depth, reason and wall time.
 
     python benchmarks/adaptive_probe.py --pair eagle        # 0.5B target + EAGLE head, fp32
     python benchmarks/adaptive_probe.py --pair standalone   # the default pair, bf16
+    python benchmarks/adaptive_probe.py --pair standalone --pin-depth 0   # its depth-0 ceiling
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--log-dir", type=Path, default=Path("adaptive-probe-logs"))
+    parser.add_argument(
+        "--pin-depth", type=int, help="pin the adaptive server to this depth (its ceiling there)"
+    )
     args = parser.parse_args()
 
     name, dtype, spec = PAIRS[args.pair]
@@ -81,6 +85,11 @@ def main() -> None:
         "adaptive": (base + spec() + ["--nanospec-adaptive"], args.log_dir / "adaptive.log"),
     }
     with running_servers(servers, one_at_a_time=True) as urls:
+        if args.pin_depth is not None:
+            pin = {"adaptive_depth": args.pin_depth}
+            headers = {"X-Admin-Key": ADMIN_KEY}
+            url = f"{urls['adaptive']}/nanospec/settings"
+            requests.post(url, json=pin, headers=headers, timeout=60).raise_for_status()
         for url in urls.values():
             batch_seconds(url, prompts[:4], args.max_new_tokens)
             batch_seconds(url, prompts[4:8], args.max_new_tokens)

@@ -40,10 +40,13 @@ class StepCostModel:
     depth) seen: on a shared host single steps stall for whole scheduler slices, and a
     median shrugs those off where a mean would chase them.
 
-    Ready once two depths are timed, one of them ``min_samples`` times: the policy times
-    the cheap depth (0) that often and the deep one once, each after its warm-up step (on
-    a loaded host a deep step can cost seconds, most of a short request), and probes keep
-    refining both. While one batch size is all it has seen, the minimum-norm solution
+    Ready once two depths are timed ``min_samples`` times each: the policy times the cheap
+    depth (0) and the deep one that often, each after its warm-up step, and probes keep
+    refining them. One timing of the deep depth was once enough, but a single stalled one
+    (10x) then tilted the line until every drafting depth looked slow, and nothing retimed
+    it (probes visit neighbours): the default pair stayed at depth 0 at concurrency 1 for
+    hundreds of steps. The median of three shrugs off one stall, for the price of two more
+    deep steps in a server's life. While one batch size is all it has seen, the minimum-norm solution
     still predicts exactly there and spreads its guess for other sizes over the per-step
     and per-request terms."""
 
@@ -79,7 +82,7 @@ class StepCostModel:
     @property
     def ready(self) -> bool:
         counts = self.timings_per_depth()
-        return len(counts) >= 2 and max(counts.values()) >= self.min_samples
+        return sum(1 for n in counts.values() if n >= self.min_samples) >= 2
 
     def coefficients(self) -> np.ndarray:
         if self._coef is None:
@@ -140,10 +143,10 @@ class GoodputPolicy:
     """Chooses each step's depth among ``candidates`` (sorted, 0 = plain decoding).
 
     - Until the cost model is ready it explores: the shallowest candidate (plain decoding
-      at 0, what a busy server wants anyway) ``min_samples`` times, then the deepest once,
-      each after its warm-up step. A fresh server thus spends two expensive steps on the
-      full depth, not three per depth; the linear model spans the depths between, probes
-      refine them.
+      at 0, what a busy server wants anyway) ``min_samples`` times, then the deepest as
+      often, each after its warm-up step. A fresh server thus spends ``min_samples`` + 1
+      expensive steps on the full depth, not as many per depth; the linear model spans the
+      depths between, probes refine them.
     - Then it takes the depth of highest predicted goodput, switching away from the
       current one only for a gain of ``min_gain`` (noise would otherwise flap it).
     - Every ``probe_every`` steps it runs one step at a neighbouring depth, so the cost
