@@ -42,11 +42,11 @@ class StepCostModel:
 
     Ready once two depths are timed ``min_samples`` times each: the policy times the cheap
     depth (0) and the deep one that often, each after its warm-up step, and probes keep
-    refining them. One timing of the deep depth was once enough, but a single stalled one
-    (10x) then tilted the line until every drafting depth looked slow, and nothing retimed
-    it (probes visit neighbours): the default pair stayed at depth 0 at concurrency 1 for
-    hundreds of steps. The median of three shrugs off one stall, for the price of two more
-    deep steps in a server's life. While one batch size is all it has seen, the minimum-norm solution
+    refining them. With the deep depth timed once, one stalled timing (10x) tilted the
+    line until every drafting depth looked slow, and nothing retimed it (probes visit
+    neighbours): the default pair stayed at depth 0 at concurrency 1 for hundreds of
+    steps. The median of three shrugs off one stall, for two more deep steps in a
+    server's life. While one batch size is all it has seen, the minimum-norm solution
     still predicts exactly there and spreads its guess for other sizes over the per-step
     and per-request terms."""
 
