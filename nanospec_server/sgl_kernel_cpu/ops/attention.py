@@ -247,7 +247,7 @@ def _one_token_each(
     adaptive speculation) or a one-token prefill. Each row sees its prefix and itself, as a
     decode does, and is computed as decode computes it, with the batch's per-row work (the
     float32 query, the window, the tree mask) done once instead of once per request: the
-    general loop made such a step's attention ~1.3x a decode step's."""
+    general loop made such a step's attention ~1.17x a decode step's (~1.07x now)."""
     q_all = q_extend.to(torch.float32)
     for i, (seq_len, start) in enumerate(zip(lens, starts, strict=True)):
         begin = max(0, seq_len - sliding_window_size) if sliding_window_size > 0 else 0
