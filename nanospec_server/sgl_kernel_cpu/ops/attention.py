@@ -74,6 +74,36 @@ def _attend_row(
     return torch.matmul(probs, v.permute(1, 0, 2)).reshape(num_heads, -1)
 
 
+def _attend_last_tokens(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    key_scale: float,
+    value_scale: float,
+    req_to_token: torch.Tensor,
+    reqs: list[int],
+    lens: list[int],
+    sliding_window_size: int,
+    sm_scale: float,
+    logit_cap: float,
+    sinks: torch.Tensor | None,
+    own: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """Row i of ``q`` ([n, H, D] float32) is the last token of request i: it attends the
+    sequence's last ``sliding_window_size`` keys (all if <= 0), and ``out[i]`` gets the
+    result. The token's own K/V come from row i of ``own`` when given (an extend), else
+    from the cache (a decode, which stored them there): the same keys either way."""
+    for i, seq_len in enumerate(lens):
+        begin = max(0, seq_len - sliding_window_size) if sliding_window_size > 0 else 0
+        cached = req_to_token[reqs[i], begin : seq_len if own is None else seq_len - 1]
+        cached = cached.to(torch.int64)
+        own_k, own_v = (None, None) if own is None else (own[0][i : i + 1], own[1][i : i + 1])
+        k = _gathered(k_buffer, cached, key_scale, own_k)
+        v = _gathered(v_buffer, cached, value_scale, own_v)
+        out[i].copy_(_attend_row(q[i], k, v, sm_scale, logit_cap, sinks).to(out.dtype))
+
+
 def decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -115,17 +145,11 @@ def decode_attention(
     num_heads = query.shape[1]
     q_all = query.reshape(num_seqs, num_heads, -1).to(torch.float32)
     out = output.view(num_seqs, num_heads, -1)
-    lens = seq_lens.tolist()
-    reqs = req_pool_indices.tolist()
-    for i in range(num_seqs):
-        seq_len = int(lens[i])
-        start = 0
-        if sliding_window_size > 0:
-            start = max(0, seq_len - sliding_window_size)
-        slots = req_to_token[reqs[i], start:seq_len].to(torch.int64)
-        k = _gathered(k_cache, slots, key_scale)
-        v = _gathered(v_cache, slots, value_scale)
-        out[i].copy_(_attend_row(q_all[i], k, v, sm_scale, logit_cap, sinks).to(out.dtype))
+    _attend_last_tokens(
+        q_all, out, k_cache, v_cache, key_scale, value_scale, req_to_token,
+        req_pool_indices.tolist(), seq_lens.tolist(), sliding_window_size, sm_scale, logit_cap,
+        sinks,
+    )  # fmt: skip
 
 
 def extend_attention(
@@ -171,18 +195,24 @@ def extend_attention(
     ext_lens = extend_seq_lens.tolist()
     starts = extend_start_loc.tolist()
     reqs = req_pool_indices.tolist()
-    one_token_each = bool(ext_lens) and min(ext_lens) == max(ext_lens) == 1
+    n = len(ext_lens)
+    # one token per request, rows in request order (as SGLang lays a verify out)
+    one_token_each = n > 0 and ext_lens == [1] * n and starts == list(range(n))
     own_kv_given = k_extend is not None and v_extend is not None
     # causal, or a tree mask of 1x1 blocks that show each row itself (not an encoder's rows,
     # which take no sliding window)
     if tree_mask is None:
         sees_prefix_and_itself = is_causal
     else:
-        sees_prefix_and_itself = bool(tree_mask[: len(ext_lens)].all())
+        sees_prefix_and_itself = bool(tree_mask[:n].all())
     if one_token_each and own_kv_given and sees_prefix_and_itself:
-        _one_token_each(
-            q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, key_scale, value_scale,
-            req_to_token, reqs, lens, starts, sm_scale, logit_cap, sliding_window_size, sinks,
+        # A one-token verify (depth 0 of adaptive speculation) or prefill: each row is its
+        # request's last token, computed as a decode step computes it, with the batch's
+        # per-row work done once (the general loop below made it ~1.17x a decode's attention)
+        _attend_last_tokens(
+            q_extend.to(torch.float32), o_extend, k_buffer, v_buffer, key_scale, value_scale,
+            req_to_token, reqs, lens, sliding_window_size, sm_scale, logit_cap, sinks,
+            own=(k_extend, v_extend),
         )  # fmt: skip
         return
     mask_offset = 0
@@ -223,36 +253,3 @@ def extend_attention(
                 k_row, v_row = k[begin:end], v[begin:end]
             o = _attend_row(q[j], k_row, v_row, sm_scale, logit_cap, sinks)
             out[j].copy_(o.to(out.dtype))
-
-
-def _one_token_each(
-    q_extend: torch.Tensor,
-    k_extend: torch.Tensor,
-    v_extend: torch.Tensor,
-    o_extend: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    key_scale: float,
-    value_scale: float,
-    req_to_token: torch.Tensor,
-    reqs: list[int],
-    lens: list[int],
-    starts: list[int],
-    sm_scale: float,
-    logit_cap: float,
-    sliding_window_size: int,
-    sinks: torch.Tensor | None,
-) -> None:
-    """An extend of one visible new token per request: a one-token verify (depth 0 of
-    adaptive speculation) or a one-token prefill. Each row sees its prefix and itself, as a
-    decode does, and is computed as decode computes it, with the batch's per-row work (the
-    float32 query, the window, the tree mask) done once instead of once per request: the
-    general loop made such a step's attention ~1.17x a decode step's (~1.07x now)."""
-    q_all = q_extend.to(torch.float32)
-    for i, (seq_len, start) in enumerate(zip(lens, starts, strict=True)):
-        begin = max(0, seq_len - sliding_window_size) if sliding_window_size > 0 else 0
-        cached = req_to_token[reqs[i], begin : seq_len - 1].to(torch.int64)
-        k = _gathered(k_buffer, cached, key_scale, k_extend[start : start + 1])
-        v = _gathered(v_buffer, cached, value_scale, v_extend[start : start + 1])
-        o = _attend_row(q_all[start], k, v, sm_scale, logit_cap, sinks)
-        o_extend[start].copy_(o.to(o_extend.dtype))
