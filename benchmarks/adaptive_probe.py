@@ -24,9 +24,10 @@ from pathlib import Path
 import requests
 from transformers import AutoTokenizer
 
+from nanospec_server.admin.auth import ADMIN_KEY_HEADER
 from nanospec_server.bench.cli import shipped_eagle_head
 from nanospec_server.bench.data import encode_chat, load_tasks
-from nanospec_server.bench.server import running_servers, speculative_flags
+from nanospec_server.bench.server import generate, running_servers, speculative_flags
 from nanospec_server.models.paths import model_paths
 
 ADMIN_KEY = "adaptive-probe-admin-key-0123456789"
@@ -44,11 +45,7 @@ def batch_seconds(url: str, prompts: list[list[int]], max_new: int) -> tuple[flo
 
     def one(input_ids: list[int]) -> float:
         start = time.perf_counter()
-        body = {
-            "input_ids": input_ids,
-            "sampling_params": {"temperature": 0, "max_new_tokens": max_new},
-        }
-        requests.post(f"{url}/generate", json=body, timeout=1800).raise_for_status()
+        generate(url, input_ids, max_new)
         return time.perf_counter() - start
 
     start = time.perf_counter()
@@ -87,7 +84,7 @@ def main() -> None:
     with running_servers(servers, one_at_a_time=True) as urls:
         if args.pin_depth is not None:
             pin = {"adaptive_depth": args.pin_depth}
-            headers = {"X-Admin-Key": ADMIN_KEY}
+            headers = {ADMIN_KEY_HEADER: ADMIN_KEY}
             url = f"{urls['adaptive']}/nanospec/settings"
             requests.post(url, json=pin, headers=headers, timeout=60).raise_for_status()
         for url in urls.values():
