@@ -20,10 +20,10 @@ state and the KV of the last token), while a run of depth-0 steps costs a plain 
 each; the draft's KV cache lacks the tokens of the run but the last (lossless: the target
 verifies every draft; fewer drafts accepted while those positions stay in context).
 A prefill whose requests join a batch that the policy would run at depth 0 likewise skips
-NanoSpec's top-K_pre (`prefill_topk_skipped`). `--nanospec-adaptive-keep-extend` keeps every extend (an exact
-draft cache) and every top-K_pre. NanoSpec's
-`on_verify` (window append of the verified token and the target's top-K_ver) runs on
-every step either way (`window_update_without_extend`): the window state stays exact.
+NanoSpec's top-K_pre (`prefill_topk_skipped`). `--nanospec-adaptive-keep-extend` keeps
+every extend (an exact draft cache) and every top-K_pre. NanoSpec's `on_verify` (window
+append of the verified token and the target's top-K_ver) runs on every step either way
+(`window_update_without_extend`): the window state stays exact.
 With `--speculative-adaptive` (SGLang's policy) we install nothing but still time the steps
 and publish the depth each one ran at.
 """
