@@ -3,7 +3,7 @@
 Speculative decoding pays when verifying k tokens costs little more than decoding one.
 This times a real model's forward over n new tokens after a cached prefix, side by side:
 bf16 and fp32 with ``F.linear`` (SGLang's CPU path without AMX) and fp32 with oneDNN
-prepacked weights (``sglang_plugin/cpu_linear.py``, what ``nanospec serve`` uses), each
+prepacked weights (``sglang_plugin/cpu/linear.py``, what ``nanospec serve`` uses), each
 as a ratio to its own one-token forward.
 
     OMP_NUM_THREADS=1 python benchmarks/cpu_linear.py --model qwen2.5-coder-1.5b-instruct
@@ -20,7 +20,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from nanospec_server.models.prepare import prepare_model
-from nanospec_server.sglang_plugin.cpu_linear import pack, packed_linear
+from nanospec_server.sglang_plugin.cpu.linear import pack, packed_linear
 
 
 class PackedLinear(nn.Module):

@@ -40,7 +40,7 @@ def record(args: argparse.Namespace) -> int:
     from nanospec_server.bench.server import generate, running_server
     from nanospec_server.bench.specbench import spec_bench_prompts
     from nanospec_server.models.defaults import default_serve_argv
-    from nanospec_server.sglang_plugin.stream_recorder import RECORD_ENV
+    from nanospec_server.sglang_plugin.stats.stream_recorder import RECORD_ENV
 
     args.streams.parent.mkdir(parents=True, exist_ok=True)
     args.streams.unlink(missing_ok=True)

@@ -57,14 +57,14 @@ class NanoSpecConfig(BaseModel):
     # Hybrid vocabulary: I ∪ P, P = the prior_k most frequent tokens of a fixed corpus
     # (models/prior.py), pinned like EOS; 0 is the paper's method.
     prior_k: int = Field(0, ge=0, description="static prior tokens added to every active set")
-    # Adaptive speculation (sglang_plugin/adaptive.py): each step's draft depth, 0 to the
+    # Adaptive speculation (sglang_plugin/spec/adaptive.py): each step's draft depth, 0 to the
     # launch's, from the batch size, the measured acceptance and a per-host cost model.
     adaptive: bool = Field(False, description="choose each step's draft depth (goodput)")
     # Pins every step's depth to one of the candidates (-1: the policy chooses): for
     # measuring one depth's cost and for tests that switch the depth at known steps.
     adaptive_depth: int = Field(-1, ge=-1, description="pinned draft depth (-1: none)")
     # At depth 0 skip the draft model's extend pass unless the next step drafts
-    # (sglang_plugin/adaptive.py): a run of depth-0 steps then costs plain decodes, and the
+    # (sglang_plugin/spec/adaptive.py): a run of depth-0 steps then costs plain decodes, and the
     # draft's KV cache misses that run's tokens but the last (lossless all the same; fewer
     # drafts accepted for the requests that lived through it); a prefill into a batch the
     # policy would run at depth 0 skips NanoSpec's top-K_pre the same way. False: every

@@ -123,7 +123,7 @@ def cpu_default_dtype() -> str | None:
     """``float32`` where the CPU has no native bf16 matmul (no AMX, no AVX512-BF16), else
     None (the checkpoint's dtype). There bf16 matmuls are emulated and grow with the tokens
     of a pass (a 5-token verify of the 0.5B target costs 4x a decode), while fp32 runs our
-    oneDNN packed kernels (``sglang_plugin/cpu_linear.py``: ~1.5x), which speculation needs.
+    oneDNN packed kernels (``sglang_plugin/cpu/linear.py``: ~1.5x), which speculation needs.
     """
     return None if cpu_has_fast_bf16() else "float32"
 
@@ -134,7 +134,7 @@ def bitwise_lossless(dtype: str) -> bool:
     position the same way in a decode, a verify and any prefill chunk (README, "Exactly
     lossless")."""
     from nanospec_server.sgl_kernel_cpu.shim import needs_shim
-    from nanospec_server.sglang_plugin.cpu_linear import enabled as packed_linears
+    from nanospec_server.sglang_plugin.cpu.linear import enabled as packed_linears
 
     if has_cuda() or dtype != "float32" or not packed_linears():
         return False

@@ -13,7 +13,7 @@ threshold (SGLang's ``--speculative-adaptive`` buckets, vLLM's ``disable_by_batc
 the break-even batch size moves with the measured acceptance and with the host: a draft
 that is always right keeps drafting at batch sizes where a poor one stops.
 
-No SGLang import: ``sglang_plugin/adaptive.py`` wires this into SGLang's step loop.
+No SGLang import: ``sglang_plugin/spec/adaptive.py`` wires this into SGLang's step loop.
 """
 
 from __future__ import annotations

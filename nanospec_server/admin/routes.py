@@ -1,7 +1,7 @@
 """HTTP routes nanospec-server adds to SGLang's FastAPI app (and so to its OpenAPI schema).
 
 Statistics and live settings travel through SGLang's own internal-state channel to the
-schedulers (`sglang_plugin/live_settings.py` handles them there, one per DP rank). Bodies
+schedulers (`sglang_plugin/stats/live_settings.py` handles them there, one per DP rank). Bodies
 are validated here first, so a bad value is a 4xx naming the field instead of a silent
 `false` from the scheduler.
 """
@@ -73,7 +73,7 @@ async def _scheduler_states() -> list[dict[str, Any]]:
     """One published state per DP rank."""
     from sglang.srt.entrypoints.http_server import _global_state
 
-    from nanospec_server.sglang_plugin.live_settings import STATE_KEY
+    from nanospec_server.sglang_plugin.stats.live_settings import STATE_KEY
 
     states = await _global_state.tokenizer_manager.get_internal_state()
     ranks = [state[STATE_KEY] for state in states if STATE_KEY in state]
@@ -86,7 +86,7 @@ async def _push_settings(changes: dict[str, int], key_id: str) -> None:
     from sglang.srt.entrypoints.http_server import _global_state
     from sglang.srt.managers.io_struct import SetInternalStateReq
 
-    from nanospec_server.sglang_plugin.live_settings import settings_request
+    from nanospec_server.sglang_plugin.stats.live_settings import settings_request
 
     request = SetInternalStateReq(server_args=settings_request(changes, key_id))
     updated = await _global_state.tokenizer_manager.set_internal_state(request)

@@ -10,7 +10,7 @@ C(k) >= c_min, searched by the same TPE, but each term is what serving does:
   the LM head's time measured here at the rows actually computed: the mean |I ∪ P| of
   the replay, not k.
 
-The streams `NANOSPEC_RECORD_STREAMS` records (`sglang_plugin/stream_recorder.py`) hold
+The streams `NANOSPEC_RECORD_STREAMS` records (`sglang_plugin/stats/stream_recorder.py`) hold
 what was appended (draft tree, verify top-K) but not which tree tokens the target took,
 so the target's next token cannot be read back from them; the replay rebuilds the same
 stream from the target's outputs, where the next token is known.

@@ -70,7 +70,7 @@ def _cell(units_: list[dict]) -> dict:
         by_repeat[u["repeat"]][1] += u["seconds"]
     stats = [i["nanospec"] for i in items if i.get("nanospec")]
     steps = sum(i["verify_steps"] for i in items)
-    # The draft's time is timed on CPU servers only (nanospec_server/sglang_plugin/step_timer.py).
+    # The draft's time is timed on CPU servers only (nanospec_server/sglang_plugin/stats/step_timer.py).
     timed = [s for s in stats if s.get("draft_seconds") is not None and s["draft_steps"]]
     draft_s = sum(s["draft_seconds"] for s in timed)
     draft_steps = sum(s["draft_steps"] for s in timed)

@@ -4,7 +4,7 @@
 a weight packed once as it is. Measured on this 2-core AVX2 host: a 5-token verify of the
 0.5B target costs ~1.5x a one-token decode packed against ~2.9x with ``F.linear``
 (``benchmarks/cpu_linear.py``), and an 896 x 4864 linear at 128 rows takes ~17 ms packed
-against ~25 ms (one thread). Used by SGLang's linear layers (``sglang_plugin/cpu_linear.py``)
+against ~25 ms (one thread). Used by SGLang's linear layers (``sglang_plugin/cpu/linear.py``)
 and by the trainer's answering target (``train/run.py``). Inference only: no autograd.
 
 Row invariance: a row's result must not depend on how many rows share the call, or a

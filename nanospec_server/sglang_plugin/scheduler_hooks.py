@@ -6,7 +6,7 @@ import logging
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from nanospec_server.sglang_plugin.verify_capture import eagle_sample_hook
+from nanospec_server.sglang_plugin.spec.verify_capture import eagle_sample_hook
 
 logger = logging.getLogger(__name__)
 
@@ -26,24 +26,23 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
 
         ranks = server_args.tp_size * server_args.dp_size * server_args.pp_size
         torch.set_num_threads(scheduler_cpu_threads(ranks))
-        from nanospec_server.sglang_plugin.cpu_linear import install_cpu_linear_hooks
-        from nanospec_server.sglang_plugin.cpu_parallel import install_cpu_parallel_hooks
+        from nanospec_server.sglang_plugin.cpu.linear import install_cpu_linear_hooks
+        from nanospec_server.sglang_plugin.cpu.parallel import install_cpu_parallel_hooks
 
         install_cpu_parallel_hooks()
         install_cpu_linear_hooks()
         HookRegistry.apply_hooks()  # before the groups and the model, with or without speculation
-    from nanospec_server.sglang_plugin import grammar_conflict
+    from nanospec_server.sglang_plugin.requests import grammar_conflict
 
     grammar_conflict.register_hooks()  # every server: a client's clash is a 400, not a 500
     if not server_args.speculative_algorithm:
         HookRegistry.apply_hooks()
         return
-    from nanospec_server.admin import metrics
-    from nanospec_server.sglang_plugin import live_settings, output_streamer
+    from nanospec_server.sglang_plugin.stats import live_settings, metrics, output_streamer
 
     if server_args.enable_metrics:
         metrics.enable(metrics.worker_name(server_args.host, server_args.port))
-    from nanospec_server.sglang_plugin.draft_worker import (
+    from nanospec_server.sglang_plugin.spec.draft_worker import (
         NanoSpecEagleDraftWorker,
         NanoSpecStandaloneDraftWorker,
     )
@@ -78,12 +77,12 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
         live_settings.get_internal_state_hook,
         HookType.AFTER,
     )
-    from nanospec_server.sglang_plugin import adaptive, draft_topk
+    from nanospec_server.sglang_plugin.spec import adaptive, draft_topk
 
     adaptive.register_hooks()  # depth per step, and our policy where --nanospec-adaptive
 
     draft_topk.register_hooks()  # the fused draft top-k (CUDA); other tensors pass through
-    from nanospec_server.sglang_plugin.cpu_sampling import install_cpu_sampling_hook
+    from nanospec_server.sglang_plugin.cpu.sampling import install_cpu_sampling_hook
 
     install_cpu_sampling_hook()  # CPU only: EAGLE verify samples instead of going greedy
     HookRegistry.apply_hooks()
@@ -93,7 +92,7 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
 def release_ended_on_idle(scheduler, *args, **kwargs) -> None:
     """BEFORE hook on `Scheduler.on_idle` (no batch in flight): the last requests' slots
     go back now, not when the next request's step comes, so an idle server holds none."""
-    from nanospec_server.sglang_plugin import runtime
+    from nanospec_server.sglang_plugin.spec import runtime
 
     if runtime.RUNTIME is not None:
         runtime.RUNTIME.release_ended()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanospec_server.config import HISTORY_ENV
-from nanospec_server.sglang_plugin.request_stats import RequestStats
+from nanospec_server.sglang_plugin.stats.request_stats import RequestStats
 
 
 @dataclass
@@ -103,7 +103,8 @@ def test_an_aborted_request_is_filed_as_aborted_and_counted_apart() -> None:
 def test_health_checks_never_enter_the_statistics(monkeypatch) -> None:
     observed: list[dict] = []
     monkeypatch.setattr(
-        "nanospec_server.admin.metrics.observe_finished", lambda entry, _: observed.append(entry)
+        "nanospec_server.sglang_plugin.stats.metrics.observe_finished",
+        lambda entry, _: observed.append(entry),
     )
     stats = RequestStats(num_slots=4, vocab_size=100, device=torch.device("cpu"))
     # SGLang's /health_generate rid, and a user's rid that merely contains the words

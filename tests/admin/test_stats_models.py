@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nanospec_server.admin.stats_models import RequestState, vocab_stats
-from nanospec_server.sglang_plugin.request_stats import Totals
+from nanospec_server.sglang_plugin.stats.request_stats import Totals
 
 CONFIG = {"mode": "nanospec", "w_max": 64, "w_cap": 128, "k_pre": 3, "k_ver": 3}
 VOCAB = 1000

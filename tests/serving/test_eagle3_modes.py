@@ -39,7 +39,7 @@ PROMPTS = make_prompts(count=8, seed=19)
 MAX_NEW = [6 + 4 * (i % 4) for i in range(len(PROMPTS))]
 # Both heads, both trees, each head with a dynamic mode on each tree, and every mode but
 # two: sync drafts exactly as nanospec on a CPU (it differs in CUDA streams only), and
-# ctx-only serves the pruned head in tests/sglang_plugin/test_eagle3.py.
+# ctx-only serves the pruned head in tests/sglang_plugin/spec/test_eagle3.py.
 DEFAULT_CASES = {
     ("pruned", "nanospec", "topk1"),
     ("pruned", "prior", "topk2"),

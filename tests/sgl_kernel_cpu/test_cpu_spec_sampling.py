@@ -277,7 +277,7 @@ def test_top_p_renorm_keeps_the_nucleus() -> None:
 
 
 def test_hook_lifts_cpu_greedy_only_for_the_stand_in() -> None:
-    from nanospec_server.sglang_plugin import cpu_sampling
+    from nanospec_server.sglang_plugin.cpu import sampling as cpu_sampling
 
     if not _may_register():
         pytest.skip("a real sgl_kernel or CUDA is present: the hook must stay off")

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from nanospec_server.sglang_plugin.step_timer import StepTimer
+from nanospec_server.sglang_plugin.stats.step_timer import StepTimer
 
 
 def test_phases_charge_their_requests_and_heads_count_only_inside_a_phase() -> None:

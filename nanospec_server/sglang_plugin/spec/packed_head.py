@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from nanospec_server.sglang_plugin import tp_head
-from nanospec_server.sglang_plugin.draft_topk import DRAFT_TOPK
-from nanospec_server.sglang_plugin.runtime import NanoSpecRuntime
+from nanospec_server.sglang_plugin.spec import tp_head
+from nanospec_server.sglang_plugin.spec.draft_topk import DRAFT_TOPK
+from nanospec_server.sglang_plugin.spec.runtime import NanoSpecRuntime
 from nanospec_server.vocab import DynamicVocab
 
 logger = logging.getLogger(__name__)

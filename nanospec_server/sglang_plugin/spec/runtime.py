@@ -22,9 +22,9 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from torch import Tensor
 
 from nanospec_server.config import Mode, NanoSpecConfig, requested_w_max
-from nanospec_server.sglang_plugin.request_stats import RequestStats
-from nanospec_server.sglang_plugin.stream_recorder import StreamRecorder
-from nanospec_server.sglang_plugin.verify_capture import LAST_VERIFY, VerifyCandidates
+from nanospec_server.sglang_plugin.spec.verify_capture import LAST_VERIFY, VerifyCandidates
+from nanospec_server.sglang_plugin.stats.request_stats import RequestStats
+from nanospec_server.sglang_plugin.stats.stream_recorder import StreamRecorder
 from nanospec_server.vocab import DynamicVocab, topk_tokens_in_chunks
 from nanospec_server.vocab.slot_pool import SlotPool
 

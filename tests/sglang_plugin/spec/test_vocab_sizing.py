@@ -9,7 +9,7 @@ import torch
 from sglang.srt.runtime_context import get_parallel
 
 from nanospec_server.config import NanoSpecConfig
-from nanospec_server.sglang_plugin.draft_worker import build_vocab
+from nanospec_server.sglang_plugin.spec.draft_worker import build_vocab
 from nanospec_server.vocab.dynamic_vocab import UNION_WINDOWS
 
 VOCAB, HIDDEN, POOL, RUNNING = 5_000, 8, 200_000, 6

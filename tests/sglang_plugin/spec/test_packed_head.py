@@ -3,7 +3,7 @@
 import torch
 from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
 
-from nanospec_server.sglang_plugin.packed_head import PackedLogitsMethod, PackedWeight
+from nanospec_server.sglang_plugin.spec.packed_head import PackedLogitsMethod, PackedWeight
 from nanospec_server.vocab import DynamicVocab
 
 

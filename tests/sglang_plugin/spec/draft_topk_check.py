@@ -10,8 +10,8 @@ from sglang.kernels.ops.speculative.topk1 import draft_topk1_postprocess
 from sglang.srt.speculative.spec_utils import renorm_draft_probs
 from sglang.srt.utils.common import fast_topk
 
-from nanospec_server.sglang_plugin import draft_topk
-from nanospec_server.sglang_plugin.packed_head import (
+from nanospec_server.sglang_plugin.spec import draft_topk
+from nanospec_server.sglang_plugin.spec.packed_head import (
     PackedLogitsMethod,
     PackedTopkMethod,
     PackedWeight,

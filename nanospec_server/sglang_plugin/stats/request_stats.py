@@ -22,9 +22,9 @@ import torch
 from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
 from torch import Tensor
 
-from nanospec_server.admin import metrics
 from nanospec_server.config import DEFAULT_HISTORY, HISTORY_ENV
-from nanospec_server.sglang_plugin.step_timer import StepTimer
+from nanospec_server.sglang_plugin.stats import metrics
+from nanospec_server.sglang_plugin.stats.step_timer import StepTimer
 
 # Counter columns, one row per slot. COVERED: emitted tokens in the active set;
 # COVERED_BY_HEAD: in the draft head's own vocabulary (all of them but for an EAGLE-3 d2t).

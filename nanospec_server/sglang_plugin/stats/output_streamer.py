@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
 
-from nanospec_server.sglang_plugin import runtime
+from nanospec_server.sglang_plugin.spec import runtime
 
 META_INFO_KEY = "nanospec"
 

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from nanospec_server.sglang_plugin import cpu_linear
+from nanospec_server.sglang_plugin.cpu import linear as cpu_linear
 
 
 class Layer(torch.nn.Module):

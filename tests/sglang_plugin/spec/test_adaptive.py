@@ -12,7 +12,7 @@ from nanospec_server import host
 @pytest.fixture(scope="module")
 def adaptive():
     host.prepare_cpu_environment()  # before SGLang's platform detection
-    from nanospec_server.sglang_plugin import adaptive
+    from nanospec_server.sglang_plugin.spec import adaptive
 
     return adaptive
 

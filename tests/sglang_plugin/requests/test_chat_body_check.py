@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from nanospec_server.sglang_plugin.chat_body_check import (
+from nanospec_server.sglang_plugin.requests.chat_body import (
     CHECKED_PATH,
     MAX_CHECKED_BODY,
     ChatBodyCheck,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from nanospec_server.admin.metrics import WORKER_ENV, worker_name
+from nanospec_server.sglang_plugin.stats.metrics import WORKER_ENV, worker_name
 
 
 def test_worker_name_is_the_address_it_listens_on_unless_named(monkeypatch) -> None:

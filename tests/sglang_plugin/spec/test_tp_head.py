@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanospec_server.sglang_plugin.tp_head import ShardedTopk, merge_topk, shard_token_map
+from nanospec_server.sglang_plugin.spec.tp_head import ShardedTopk, merge_topk, shard_token_map
 from nanospec_server.vocab.candidates import topk_tokens_in_chunks
 from nanospec_server.vocab.sharded_vocab import ShardLayout
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nanospec_server.sglang_plugin.request_checks import check_stop_regex
+from nanospec_server.sglang_plugin.requests.checks import check_stop_regex
 
 
 def request(**sampling) -> SimpleNamespace:

@@ -2,7 +2,7 @@
 and ctx-only mode lossless.
 
 Under EAGLE-3 the hidden states SGLang hands the draft are the target's auxiliary ones, so
-``sglang_plugin/eagle3.py`` takes top-K_pre inside the target's logits processor. The
+``sglang_plugin/spec/eagle3.py`` takes top-K_pre inside the target's logits processor. The
 server records every request's candidate stream (``NANOSPEC_RECORD_STREAMS``); its
 prefill candidates must be the top-K of a plain Hugging Face forward pass over the prompt
 (final normed hidden states times the LM head) at every prompt position, with prefill
@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 from nanospec_server.bench.server import generate, running_server, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE
-from nanospec_server.sglang_plugin.stream_recorder import RECORD_ENV
+from nanospec_server.sglang_plugin.stats.stream_recorder import RECORD_ENV
 from tests.serving.conftest import BASE_FLAGS
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-from nanospec_server.sglang_plugin.grammar_conflict import grammar_conflict_hook
+from nanospec_server.sglang_plugin.requests.grammar_conflict import grammar_conflict_hook
 
 
 def request(min_new_tokens: int, outputs: int) -> SimpleNamespace:

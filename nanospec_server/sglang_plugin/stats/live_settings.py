@@ -24,8 +24,8 @@ from sglang.srt.managers.scheduler_components.internal_state import (
 )
 
 from nanospec_server.adaptive.live import live_change_problem
-from nanospec_server.admin import metrics
-from nanospec_server.sglang_plugin import runtime
+from nanospec_server.sglang_plugin.spec import runtime
+from nanospec_server.sglang_plugin.stats import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def _validate(key: str, value: Any) -> None:
     token = value.get("token") if isinstance(value, dict) else None
     if not expected or not isinstance(token, str) or not secrets.compare_digest(token, expected):
         raise UpdateRejected(f"{key}: change NanoSpec settings through POST /nanospec/settings")
-    from nanospec_server.sglang_plugin import adaptive
+    from nanospec_server.sglang_plugin.spec import adaptive
 
     if problem := live_change_problem(value["changes"], adaptive.published()):
         raise UpdateRejected(problem)
@@ -65,7 +65,7 @@ def _validate(key: str, value: Any) -> None:
 
 
 def _apply(key: str, value: dict[str, Any]) -> None:
-    from nanospec_server.sglang_plugin import adaptive
+    from nanospec_server.sglang_plugin.spec import adaptive
 
     old = runtime.RUNTIME.config
     runtime.RUNTIME.update_settings(**value["changes"])
@@ -97,7 +97,7 @@ def published_state(rt: runtime.NanoSpecRuntime) -> dict:
     """What the admin layer reads: never any prompt or output text, only counts."""
     from sglang.srt.runtime_context import get_parallel
 
-    from nanospec_server.sglang_plugin import adaptive
+    from nanospec_server.sglang_plugin.spec import adaptive
 
     stats = rt.stats
     # A request can finish without its last chunk reaching our streamer (an abort);

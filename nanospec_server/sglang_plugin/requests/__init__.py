@@ -1,0 +1,1 @@
+"""Checks that refuse a bad request with a 400 before it can reach the scheduler."""
