@@ -24,7 +24,7 @@ from transformers import AutoTokenizer
 
 from nanospec_server import host
 from nanospec_server.bench.data import encode_chat, load_tasks
-from nanospec_server.bench.server import generate, running_server, speculative_flags
+from nanospec_server.launch.server import generate, running_server, speculative_flags
 from nanospec_server.models.eagle_heads import get_head_spec, head_dir
 from nanospec_server.models.prepare import prepare_model
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import requests
 
-from nanospec_server.bench.server import running_servers, speculative_flags
 from nanospec_server.bench.specbench import first_turns
+from nanospec_server.launch.server import running_servers, speculative_flags
 from nanospec_server.models.paths import model_paths
 
 

@@ -36,9 +36,9 @@ DEFAULT_STREAMS = Path.home() / ".cache/nanospec-server/streams/specbench.jsonl"
 
 
 def record(args: argparse.Namespace) -> int:
-    from nanospec_server.bench import server
-    from nanospec_server.bench.server import generate, running_server
     from nanospec_server.bench.specbench import spec_bench_prompts
+    from nanospec_server.launch import server
+    from nanospec_server.launch.server import generate, running_server
     from nanospec_server.models.defaults import default_serve_argv
     from nanospec_server.sglang_plugin.stats.stream_recorder import RECORD_ENV
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import requests
 
-from nanospec_server.bench.server import running_server
 from nanospec_server.host import CPU_THREADS_ENV, usable_cores
+from nanospec_server.launch.server import running_server
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
 

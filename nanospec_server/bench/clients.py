@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import requests
 
-from nanospec_server.bench.server import REQUEST_TIMEOUT_S, checked
+from nanospec_server.launch.server import REQUEST_TIMEOUT_S, checked
 
 LEFT = "left"  # the finish of a stream whose client went away before its end
 

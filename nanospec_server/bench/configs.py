@@ -22,7 +22,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanospec_server.bench.server import speculative_flags
+from nanospec_server.launch.server import speculative_flags
 
 AR = "ar"
 MODES = ("full", "static", "nanospec", "ctx-only", "ext-only", "sync")

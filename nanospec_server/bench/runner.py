@@ -20,8 +20,8 @@ from tqdm import tqdm
 from nanospec_server.bench.configs import AR, BenchConfig
 from nanospec_server.bench.data import BenchPrompt, encode_chat
 from nanospec_server.bench.schedule import Batch, anchor_group
-from nanospec_server.bench.server import generate, running_servers
 from nanospec_server.bench.store import ResultStore
+from nanospec_server.launch.server import generate, running_servers
 
 # sender(batch, input ids per prompt) -> items (one per prompt) and the batch's wall time
 Sender = Callable[[Batch, list[list[int]]], tuple[list[dict], float]]

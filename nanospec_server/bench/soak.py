@@ -18,9 +18,10 @@ from pathlib import Path
 
 import requests
 
-from nanospec_server.bench import clients, server_state
-from nanospec_server.bench.server import running_servers, speculative_flags
+from nanospec_server.bench import clients
 from nanospec_server.bench.soak_plan import Ending, Job
+from nanospec_server.launch import server_state
+from nanospec_server.launch.server import running_servers, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 
 ADMIN_KEY = "soak-admin-key"

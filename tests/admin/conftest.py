@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from nanospec_server.bench.server import running_server, speculative_flags
+from nanospec_server.launch.server import running_server, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from tests.serving.conftest import ADMIN_KEY, BASE_FLAGS
 

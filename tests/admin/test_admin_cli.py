@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nanospec_server.bench.server import free_port
+from nanospec_server.launch.server import free_port
 from tests.admin.conftest import Server
 from tests.serving.conftest import ADMIN_KEY
 
@@ -49,7 +49,7 @@ def test_errors_name_the_flag(args: list[str], named: str) -> None:
 @pytest.mark.engine
 @pytest.mark.timeout(300)
 def test_stats_and_config_against_the_server(server: Server) -> None:
-    from nanospec_server.bench.server import generate
+    from nanospec_server.launch.server import generate
 
     generate(server.url, [1, 7, 8, 9], 6)
     table = nanospec("stats", "--url", server.url, "--limit", "3")

@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from nanospec_server.bench.server import generate
+from nanospec_server.launch.server import generate
 from tests.admin.conftest import ADMIN, Server
 from tests.serving.conftest import ADMIN_KEY
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from nanospec_server.bench.server import free_port
+from nanospec_server.launch.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_DIR = ROOT / "deploy" / "image"

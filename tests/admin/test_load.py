@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from nanospec_server.bench.server import generate, running_server
+from nanospec_server.launch.server import generate, running_server
 from nanospec_server.models.tiny import tiny_model_path
 from tests.admin.conftest import ADMIN, Server
 from tests.serving.conftest import BASE_FLAGS, MAX_NEW_TOKENS, generate_all, make_prompts

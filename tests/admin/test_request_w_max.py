@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from nanospec_server.bench.server import generate
+from nanospec_server.launch.server import generate
 from tests.admin.conftest import ADMIN, Server
 from tests.serving.conftest import make_prompts
 

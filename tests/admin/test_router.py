@@ -24,7 +24,7 @@ import requests
 
 from nanospec_server.admin.fleet import fetch_fleet, worker_label
 from nanospec_server.admin.stats_models import Aggregates
-from nanospec_server.bench.server import free_port, running_servers
+from nanospec_server.launch.server import free_port, running_servers
 from nanospec_server.models.tiny import tiny_model_path
 from tests.admin.conftest import ADMIN, SPEC_FLAGS, Server
 from tests.admin.test_admin_cli import nanospec

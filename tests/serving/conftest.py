@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nanospec_server.bench.server import generate, running_server
+from nanospec_server.launch.server import generate, running_server
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import BOS_ID, VOCAB_SIZE
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from nanospec_server.bench.server import generate, speculative_flags
+from nanospec_server.launch.server import generate, speculative_flags
 from nanospec_server.models.tiny.tokenizer import BOS_ID, VOCAB_SIZE
 from tests.serving.conftest import ADMIN_KEY, make_prompts
 from tests.serving.test_nanospec_modes import CHAIN_PROMPTS

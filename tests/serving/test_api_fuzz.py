@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 
-from nanospec_server.bench.server import generate, running_servers, speculative_flags
+from nanospec_server.launch.server import generate, running_servers, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from tests.serving.conftest import ADMIN_KEY, BASE_FLAGS, make_prompts
 from tests.serving.fuzz_schemas import OPERATIONS, narrowed_schema

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from nanospec_server.bench.server import generate, speculative_flags
+from nanospec_server.launch.server import generate, speculative_flags
 from tests.serving.conftest import make_prompts
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]

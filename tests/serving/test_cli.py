@@ -8,7 +8,7 @@ import sys
 import pytest
 import requests
 
-from nanospec_server.bench.server import running_server
+from nanospec_server.launch.server import running_server
 
 BAD_FLAGS = [
     (["--nanospec-mode", "bogus"], "--nanospec-mode"),

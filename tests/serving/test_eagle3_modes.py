@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from nanospec_server.bench.server import ServerFailed, speculative_flags
+from nanospec_server.launch.server import ServerFailed, speculative_flags
 from nanospec_server.models.prior import prior_token_ids
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.spec import PRUNED_DRAFT_VOCAB

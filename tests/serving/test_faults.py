@@ -18,9 +18,10 @@ import psutil
 import pytest
 import requests
 
-from nanospec_server.bench import clients, server_state
-from nanospec_server.bench.server import running_server_processes, speculative_flags
+from nanospec_server.bench import clients
 from nanospec_server.engine_watch import EXIT_ENGINE_DIED
+from nanospec_server.launch import server_state
+from nanospec_server.launch.server import running_server_processes, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import BOS_ID, VOCAB_SIZE
 from tests.serving.conftest import ADMIN_KEY, BASE_FLAGS, make_prompts

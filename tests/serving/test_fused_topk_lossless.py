@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from nanospec_server.bench.server import running_server, speculative_flags
+from nanospec_server.launch.server import running_server, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from tests.serving.conftest import BASE_FLAGS, generate_all
 from tests.serving.test_nanospec_modes import CHAIN_PROMPTS, NUM_STEPS

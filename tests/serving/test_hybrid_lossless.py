@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from nanospec_server.bench.server import generate, speculative_flags
+from nanospec_server.launch.server import generate, speculative_flags
 from nanospec_server.models.prior import prior_token_ids
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import VOCAB_SIZE

@@ -12,7 +12,7 @@ import random
 import pytest
 import requests
 
-from nanospec_server.bench.server import generate, speculative_flags
+from nanospec_server.launch.server import generate, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import BOS_ID, CORPUS_PATH, VOCAB_SIZE
 from nanospec_server.models.tiny.weights import SEEDS, agree_successor

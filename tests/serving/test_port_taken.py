@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from nanospec_server.bench import server as bench_server
-from nanospec_server.bench.server import free_port, generate, running_server
+from nanospec_server.launch import server as launcher
+from nanospec_server.launch.server import free_port, generate, running_server
 from nanospec_server.models.tiny import tiny_model_path
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
@@ -88,7 +88,7 @@ def test_a_port_taken_during_loading_stops_the_server_with_a_message(tmp_path: P
 def test_the_harness_starts_again_on_another_port(tmp_path: Path, monkeypatch) -> None:
     taken = free_port()
     ports = iter([taken])
-    monkeypatch.setattr(bench_server, "free_port", lambda: next(ports, None) or free_port())
+    monkeypatch.setattr(launcher, "free_port", lambda: next(ports, None) or free_port())
     with listening(taken):
         with running_server(PLAIN_TINY, tmp_path / "server.log") as url:
             assert not url.endswith(f":{taken}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from nanospec_server.bench.server import speculative_flags
+from nanospec_server.launch.server import speculative_flags
 from tests.serving.conftest import generate_all, make_prompts
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

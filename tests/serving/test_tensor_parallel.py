@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from nanospec_server.bench.server import ServerFailed, speculative_flags
+from nanospec_server.launch.server import ServerFailed, speculative_flags
 from tests.serving.conftest import generate_all
 from tests.serving.test_nanospec_modes import (
     CHAIN_PROMPTS,

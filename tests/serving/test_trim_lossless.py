@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanospec_server.bench.server import speculative_flags
 from nanospec_server.cli import main
+from nanospec_server.launch.server import speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import CORPUS_PATH, VOCAB_SIZE
 from tests.serving.conftest import generate_waves, make_prompts

@@ -323,7 +323,7 @@ def test_eagle_samples_on_cpu(tmp_path) -> None:
 
     import transformers
 
-    from nanospec_server.bench.server import generate, running_server, speculative_flags
+    from nanospec_server.launch.server import generate, running_server, speculative_flags
     from nanospec_server.models.tiny import tiny_model_path
     from tests.serving.conftest import BASE_FLAGS
 

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from nanospec_server.bench.server import generate, running_servers, speculative_flags
+from nanospec_server.launch.server import generate, running_servers, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import VOCAB_SIZE
 from nanospec_server.train.eagle3_vocab import answer_token_counts, draft_vocabulary

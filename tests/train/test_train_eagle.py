@@ -263,7 +263,7 @@ def _serve_flags(draft: Path, mode: str) -> list[str]:
 @pytest.mark.engine
 @pytest.mark.timeout(600)
 def test_sglang_serves_the_trained_head_losslessly(tiny_head: Path, tmp_path: Path) -> None:
-    from nanospec_server.bench.server import generate, running_server
+    from nanospec_server.launch.server import generate, running_server
 
     target = tiny_model_path("tiny-target")
     prompts = _prompts(target, count=6, length=80)
@@ -291,7 +291,7 @@ SLOW = pytest.mark.skipif(os.environ.get("NANOSPEC_SLOW") != "1", reason="NANOSP
 @pytest.mark.timeout(3600)
 def test_real_target_head_trains_and_serves(tmp_path: Path) -> None:
     """A few-minute head for Qwen2.5-Coder-0.5B: trains, loads in SGLang, stays lossless."""
-    from nanospec_server.bench.server import generate, running_server
+    from nanospec_server.launch.server import generate, running_server
     from nanospec_server.models.prepare import prepare_model
 
     name = "qwen2.5-coder-0.5b-instruct"

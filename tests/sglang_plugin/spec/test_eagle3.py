@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from nanospec_server.bench.server import generate, running_server, speculative_flags
+from nanospec_server.launch.server import generate, running_server, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE
 from nanospec_server.sglang_plugin.stats.stream_recorder import RECORD_ENV

@@ -10,7 +10,7 @@ from pathlib import Path
 SCRIPT = """
 import sys, time
 from pathlib import Path
-from nanospec_server.bench.server import exit_on_sigterm
+from nanospec_server.launch.server import exit_on_sigterm
 
 marker = Path(sys.argv[1])
 with exit_on_sigterm():
@@ -34,7 +34,7 @@ def test_sigterm_inside_runs_the_cleanup(tmp_path: Path) -> None:
 
 
 def test_the_previous_handler_is_back_outside() -> None:
-    from nanospec_server.bench.server import exit_on_sigterm
+    from nanospec_server.launch.server import exit_on_sigterm
 
     before = signal.getsignal(signal.SIGTERM)
     with exit_on_sigterm():

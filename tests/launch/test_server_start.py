@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nanospec_server.bench import server as bench_server
-from nanospec_server.bench.server import READY_LINE, running_servers
+from nanospec_server.launch import server as launcher
+from nanospec_server.launch.server import READY_LINE, running_servers
 from nanospec_server.models.tiny import tiny_model_path
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
@@ -23,14 +23,14 @@ def test_one_at_a_time_waits_for_each_server(
 ) -> None:
     servers = {name: (PLAIN_TINY, tmp_path / f"{name}.log") for name in ("first", "second")}
     ready_before_each_start: list[int] = []
-    start = bench_server._start
+    start = launcher._start
 
     def counting_start(args, log_path, started):
         logs = [path for _, path in servers.values() if path.exists()]
         ready_before_each_start.append(sum(READY_LINE in path.read_text() for path in logs))
         return start(args, log_path, started)
 
-    monkeypatch.setattr(bench_server, "_start", counting_start)
+    monkeypatch.setattr(launcher, "_start", counting_start)
     with running_servers(servers, one_at_a_time) as urls:
         assert set(urls) == {"first", "second"}
     assert ready_before_each_start == ([0, 1] if one_at_a_time else [0, 0])
