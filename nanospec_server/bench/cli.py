@@ -1,7 +1,7 @@
 """`nanospec bench`: run, report, and the offline analyses.
 
 nanospec bench run --quick                       # real pair: ar, full, nanospec; 5 short tasks
-nanospec bench run --cpu-report                  # docs/RESULTS.md's report (~50 min on 2 cores)
+nanospec bench run --cpu-report                  # docs/results.md's report (~50 min on 2 cores)
 nanospec bench run --tiny --quick                # tiny offline models (a minute)
 nanospec bench run --analysis vocab-sweep        # Figure 1a: static top-k 32k..512
 nanospec bench run --analysis wmax               # Figure 6: W_max 256..8192
@@ -28,9 +28,9 @@ QUICK = {"limit_per_task": 1, "max_new_tokens": 32, "modes": ["full", "nanospec"
          "concurrency": [1], "repeats": 1,
          "tasks": ["conversation", "translation", "qa", "math", "code"]}  # fmt: skip
 # A CPU host like CI's (24 GB) holds one float32 1.5B + 0.5B server: one server at a time,
-# a small KV pool (docs/RESULTS.md has its time on the idle 2-core host).
+# a small KV pool (docs/results.md has its time on the idle 2-core host).
 QUICK_CPU = {"max_servers": 1, "max_total_tokens": 4096}
-# The documented CPU report (docs/RESULTS.md, ~50 minutes on the idle 2-core host): the 0.5B
+# The documented CPU report (docs/results.md, ~50 minutes on the idle 2-core host): the 0.5B
 # target with the shipped EAGLE head, whose LM head is most of a draft step; every mode, FR-Spec
 # from 32k down to 512 (Figure 1a) and the hybrid prior; one prompt of each of the seven tasks
 # drawn with seed 1, which no setting was tuned on; concurrency 1 and 8; one server at a time.
@@ -121,7 +121,7 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     presets.add_argument(
         "--cpu-report",
         action="store_true",
-        help="the documented CPU report (docs/RESULTS.md): 0.5B target and the shipped EAGLE "
+        help="the documented CPU report (docs/results.md): 0.5B target and the shipped EAGLE "
         "head, every mode, static 32k..512, prior 0 and 2048, 1 prompt per task (seed 1), "
         "48 new tokens, concurrency 1 and 8, one server at a time (~50 min on 2 cores)",
     )

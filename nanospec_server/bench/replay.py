@@ -1,7 +1,7 @@
 """Offline replay of the candidate stream over the target's greedy outputs (no server).
 
 Given a prompt, the target's greedy continuation and the target's top-k predictions at
-every position, the stream is rebuilt as the serving path builds it (docs/vocab.md):
+every position, the stream is rebuilt as the serving path builds it (docs/design.md):
 prefill appends the prompt tokens and then the top-K_pre predictions per prompt position;
 each step emits ``step_tokens`` tokens (a fixed acceptance length), checks them against
 the active vocabulary first (coverage: the share of emitted tokens the draft could have

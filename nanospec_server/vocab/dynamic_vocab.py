@@ -9,7 +9,7 @@ Per step, the serving worker calls, for the requests of its batch (``slots``):
 W_max has two levels: the live setting (``set_w_max``), and a request's own W_max
 (``set_request_w_max``, kept on the device per slot), which wins while the slot is held.
 
-See docs/vocab.md for the definition of the active vocabulary and the design.
+See docs/design.md for the definition of the active vocabulary and the design.
 """
 
 from collections.abc import Sequence

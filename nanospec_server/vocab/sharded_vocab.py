@@ -2,7 +2,7 @@
 
 A vocab-parallel LM head gives rank r the rows ``[r*P, (r+1)*P)`` of V (the vocabulary
 padded so that the ranks get equal shards, the last one partly padding). Design (the cost
-estimate is in docs/vocab.md, "Tensor parallelism"):
+estimate is in docs/design.md, "Tensor parallelism"):
 
 - **Bookkeeping replicated, rows sharded.** Every rank keeps the windows of every slot
   over all of V, and one ``UnionHead`` per shard: reference counts, the packed order and

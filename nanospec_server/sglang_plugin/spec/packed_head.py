@@ -15,7 +15,7 @@ below the device-side live count, so the rows multiplied follow the live union.
 In the draft loop (decode mode) on that path, the top-k that follows is fused too:
 `PackedTopkMethod` returns the top-k carrier of `draft_topk.py` instead of logits, so
 nothing scans the capacity. The draft-extend passes keep full-width logits (SGLang
-re-slices them before its top-k, see docs/vocab.md).
+re-slices them before its top-k, see docs/design.md).
 """
 
 from __future__ import annotations
