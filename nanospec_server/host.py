@@ -21,7 +21,7 @@ CPU_SERVER_FLAGS: dict[str, str] = {
 }
 
 # Switches the CPU path adds unless given. An idle SGLang scheduler polls its sockets in a
-# busy loop (94% of a core, measured): on a CPU host that core is taken from the server
+# busy loop (most of a core): on a CPU host that core is taken from the server
 # that is working, whether that is the HTTP/tokenizer process beside it or, in a
 # side-by-side benchmark, another server. With it the scheduler blocks until a request.
 CPU_SERVER_SWITCHES: tuple[str, ...] = ("--sleep-on-idle",)
@@ -29,7 +29,7 @@ CPU_SERVER_SWITCHES: tuple[str, ...] = ("--sleep-on-idle",)
 CPU_ENV_DEFAULTS: dict[str, str] = {
     "SGLANG_USE_CPU_ENGINE": "1",
     # One thread per process: the scheduler, the tokenizer and the detokenizer otherwise
-    # fight over the cores, and speculative decoding gets about 20x slower on 2 cores.
+    # fight over the cores, and speculative decoding slows down many times over on 2 cores.
     "OMP_NUM_THREADS": "1",
     # torch.compile costs ~20 s on the first speculative request and gains nothing here.
     "TORCHDYNAMO_DISABLE": "1",
@@ -51,10 +51,9 @@ def default_cpu_threads(cores: int) -> int:
     tokenizer) and the detokenizer.
 
     While the scheduler decodes, the launcher and detokenizer barely run, and with
-    ``--sleep-on-idle`` no idle scheduler spins beside it. Measured on an idle 2-core host
-    (README, CPU threads): 2 scheduler threads decode the 1.5B target 1.7x faster than 1
-    and run speculation 1.4x faster. (An earlier measurement found 2 threads several
-    times slower, on a host loaded with other jobs' spinning schedulers.)
+    ``--sleep-on-idle`` no idle scheduler spins beside it, so on an idle 2-core host 2
+    scheduler threads beat 1 (docs/results.md, "The CPU path"). On a host loaded with
+    other jobs' spinning schedulers more threads can be slower.
     """
     return max(min(cores, 4), cores - 2)
 
@@ -122,8 +121,8 @@ def cpu_has_fast_bf16() -> bool:
 def cpu_default_dtype() -> str | None:
     """``float32`` where the CPU has no native bf16 matmul (no AMX, no AVX512-BF16), else
     None (the checkpoint's dtype). There bf16 matmuls are emulated and grow with the tokens
-    of a pass (a 5-token verify of the 0.5B target costs 4x a decode), while fp32 runs our
-    oneDNN packed kernels (``sglang_plugin/cpu/linear.py``: ~1.5x), which speculation needs.
+    of a pass, while fp32 runs our oneDNN packed kernels (``sglang_plugin/cpu/linear.py``),
+    which speculation needs (docs/results.md, "The CPU path").
     """
     return None if cpu_has_fast_bf16() else "float32"
 
@@ -131,8 +130,8 @@ def cpu_default_dtype() -> str | None:
 def bitwise_lossless(dtype: str) -> bool:
     """Is speculative greedy output bit-identical to plain decoding here? On a CPU in fp32
     through our stand-in and packed linears, yes: every op on the target's path computes a
-    position the same way in a decode, a verify and any prefill chunk (README, "Exactly
-    lossless")."""
+    position the same way in a decode, a verify and any prefill chunk (docs/cpu.md,
+    "Exactness")."""
     from nanospec_server.sgl_kernel_cpu.shim import needs_shim
     from nanospec_server.sglang_plugin.cpu.linear import enabled as packed_linears
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 # The 1.5B target drafted by the 0.5B (same tokenizer, STANDALONE); our CPU-trained EAGLE
-# heads accept too few tokens per verification to pay on a CPU (README, "The embedded
-# default, measured").
+# heads accept too few tokens per verification to pay on a CPU (docs/results.md, "The
+# embedded default").
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-# The pair's hybrid prior on a CPU when the user sets none. Side by side in float32 it was
-# the fastest configuration: the window alone (k = 0) lacks tokens the 0.5B draft would
-# have guessed (acceptance 2.4 against 3.2 for the full vocabulary), and 2048 frequent
-# tokens win most of that back while the head still computes ~2% of the rows. On a GPU the
-# paper's k = 0 stays the default (not measured here).
+# The pair's hybrid prior on a CPU when the user sets none, the fastest configuration side
+# by side in float32 (docs/results.md, "The embedded default"): the window alone (k = 0)
+# lacks tokens the 0.5B draft would have guessed, and 2048 frequent tokens win most of
+# that back while the head still computes ~2% of the rows. On a GPU the paper's k = 0
+# stays the default.
 DEFAULT_CPU_PRIOR_K = 2048
 
 

@@ -1,18 +1,17 @@
 """fp32 linear layers on CPU through oneDNN, with weights packed once.
 
 ``F.linear``'s small-M GEMM repacks the whole weight on every call; oneDNN's linear reads
-a weight packed once as it is. Measured on this 2-core AVX2 host: a 5-token verify of the
-0.5B target costs ~1.5x a one-token decode packed against ~2.9x with ``F.linear``
-(``benchmarks/cpu_linear.py``), and an 896 x 4864 linear at 128 rows takes ~17 ms packed
-against ~25 ms (one thread). Used by SGLang's linear layers (``sglang_plugin/cpu/linear.py``)
+a weight packed once as it is, so a verify pass costs little more than a one-token
+decode (``benchmarks/cpu_linear.py``; docs/results.md, "The CPU path").
+Used by SGLang's linear layers (``sglang_plugin/cpu/linear.py``)
 and by the trainer's answering target (``train/run.py``). Inference only: no autograd.
 
 Row invariance: a row's result must not depend on how many rows share the call, or a
 verify pass would not compute the logits a one-token decode computes for the same position
 (``F.linear``'s GEMV and GEMM round differently). oneDNN keeps that for any row count up to
 an input width of 1024 on this host, but above it a one-row call reduces the input features
-in another order than a many-row call (measured: 1536 wide, every row count from 2 up agrees
-and one row differs). So the weight is packed in column blocks of at most ``k_block()``
+in another order than a many-row call (at 1536 wide, every row count from 2 up agrees and
+one row differs). So the weight is packed in column blocks of at most ``k_block()``
 input features, each row-invariant, and their partial products are summed in a fixed
 order: a row's arithmetic is then the same at any row count. The block is the widest that
 passes a probe on this host (1024 here), found once per process.

@@ -1,15 +1,7 @@
 """Default training sizes per target, chosen to finish on a 2-core CPU in <= 90 minutes.
 
-Measured on this project's 2-core AMD EPYC box (avx512_bf16) with the two recipes
-running side by side, one thread each, seq_len 320:
-
-* answering (``distill.py``, batches of 32 prompts, bf16, before issue 12's grouped
-  attention and 128-prompt batches): Qwen2.5-Coder-0.5B 5.5 s per prompt (~29 answer
-  tokens/s), 1.5B 13 s (~13 tokens/s);
-* head training (8 rows of up to 320 tokens a step, bf16 autocast, LM-head loss on
-  1/8 of the positions): 0.5B ~3.3 s/step, 1.5B ~7.6 s/step.
-
-See ``nanospec_server/train/README.md`` for the times of a full run. On a GPU both
+The times per phase that size them are in docs/results.md, "Training times"; see
+``nanospec_server/train/README.md`` for the times of a full run. On a GPU both
 phases are two orders of magnitude faster: pass larger --tokens/--steps there.
 """
 
@@ -33,9 +25,9 @@ class Recipe:
     # weight once whatever the batch, so wider batches answer more tokens per minute
     # (benchmarks/answers.py); 128 rows of 320 tokens hold ~1 GB of 0.5B K/V in fp32.
     gen_batch: int = 128
-    # The target's dtype while answering; auto: fp32 on a CPU, bf16 on CUDA. On this
-    # 2-core EPYC fp32 answered 2.06x the answer tokens per minute of bf16, same prompts
-    # side by side (benchmarks/answers.py; torch's CPU bf16 matmuls are slower here).
+    # The target's dtype while answering; auto: fp32 on a CPU, bf16 on CUDA, since torch's
+    # CPU bf16 matmuls answer fewer tokens per minute (benchmarks/answers.py; docs/results.md,
+    # "Training times").
     answer_dtype: str = "auto"
     unroll_steps: int = 1  # training-time test steps (1: teacher forcing only)
     intermediate_size: int | None = None  # the head's MLP width (None: the target's)
@@ -83,11 +75,11 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
-# EAGLE-3 recipes (issue 19). The 0.5B one is sized for one session on the loaded 2-core
-# host: 128 prompts answered in one batch (16 validation prompts took 12.7 min at load ~12,
-# the 128 ~30 min), then 120 steps of 8 rows (~7 epochs) with a 4-step training-time test
+# EAGLE-3 recipes. The 0.5B one is sized for a loaded 2-core host (docs/results.md,
+# "EAGLE-3 heads of our own"): 128 prompts answered in one batch, then
+# 120 steps of 8 rows (~7 epochs) with a 4-step training-time test
 # (~1.2 TFLOP a step: 4x the layer of an EAGLE-1 step), evaluated every 15 steps and
-# checkpointed (eagle3_loop.py), so a later session resumes it with the same command (other
+# checkpointed (eagle3_loop.py), so a later run resumes it with the same command (other
 # sizes, --steps included, train afresh on the cached answers). D: 16k tokens, more than the answers use, which keeps the head's own LM head
 # (the target's rows of D, frozen) at 29 MB.
 EAGLE3_RECIPES: dict[str, Recipe] = {

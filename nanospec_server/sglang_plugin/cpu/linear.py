@@ -2,10 +2,11 @@
 
 Why: speculative decoding pays only if verifying k tokens costs little more than decoding
 one. On a CPU without AMX, SGLang's linear layers run ``F.linear``, whose small-M GEMM
-repacks the whole weight on every call: a 5-token verify of the 0.5B target costs 2.9x a
-one-token decode in fp32 (4.0x in bf16, which has no fast kernel on AVX2), so speculation
-barely breaks even. oneDNN's linear over a weight packed once at load reads the packed
-weight as it is: 5 tokens cost ~1.5x one (``benchmarks/cpu_linear.py`` measures it).
+repacks the whole weight on every call, so a verify pass costs several one-token decodes
+(bf16 has no fast kernel on AVX2 either) and speculation barely breaks even. oneDNN's
+linear over a weight packed once at load reads the packed weight as it is, and a verify
+costs little more than a decode (``benchmarks/cpu_linear.py``; docs/results.md,
+"The CPU path").
 
 Also why: packed rows are batch-invariant (``ops/packed_linear.py``), so a verify pass and
 a one-token decode compute the same logits for the same position.
