@@ -2,8 +2,8 @@
 
 Plain decoding and each speculative configuration serve the same prompts (one server at a
 time, the prompts sent together so they batch), with every output token's log-probability.
-Where speculation is bit-identical (fp32 on a CPU through our kernels, see README "Exactly
-lossless"), every token and every log-probability must be the same: a difference is a bug.
+Where speculation is bit-identical (fp32 on a CPU through our kernels, see docs/cpu.md,
+"Exactness"), every token and every log-probability must be the same: a difference is a bug.
 The speculative servers prefill in chunks of ``--chunk`` tokens while plain decoding takes
 each prompt whole, so prefill chunking is checked too.
 

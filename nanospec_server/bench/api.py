@@ -38,7 +38,7 @@ ANALYSES = {
     "wmax": {"modes": ["full", "nanospec"], "w_maxes": [256, 512, 1024, 2048, 3072, 4096, 8192]},
     "ablation": {"modes": ["full", "nanospec", "ctx-only", "ext-only", "sync"]},
     "prior": {"modes": ["full", "nanospec"], "prior_ks": [0, 512, 2048, 8192]},
-    # Under load (issue 20): plain decoding, today's NanoSpec speculation and the same with
+    # Under load: plain decoding, fixed-depth NanoSpec speculation and the same with
     # --nanospec-adaptive, at rising concurrency.
     "adaptive": {"modes": ["nanospec"], "adaptive": True, "concurrency": [1, 4, 8, 16]},
 }  # fmt: skip

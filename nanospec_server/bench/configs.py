@@ -109,7 +109,7 @@ def build_configs(
     """``ar`` first, then per draft: each mode; `static` once per k (and once with the
     TPE-trimmed map, if given), `nanospec` once per W_max and prior k (the default W_max
     and k = 0 keep the plain name). With ``adaptive``, each `nanospec` configuration again
-    with ``--nanospec-adaptive`` (``...-nanospec-adaptive``), beside today's fixed-depth one."""
+    with ``--nanospec-adaptive`` (``...-nanospec-adaptive``), beside the fixed-depth one."""
     configs = [BenchConfig(AR)]
     for draft in drafts:
         spec = speculative_flags(draft.algorithm, draft.path, draft.steps, draft.topk, draft.tokens)

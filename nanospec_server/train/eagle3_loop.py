@@ -1,6 +1,6 @@
 """Training an EAGLE-3 head: the training-time test over the fused target features, with
 a cross-entropy over the draft vocabulary against the target's own greedy tokens, and a
-checkpoint that lets a run continue in a later session.
+checkpoint that lets a run continue in a later one.
 
 Labels: the rows are the target's greedy answers, so the token after position i+1 *is*
 the target's argmax there (what greedy verification accepts); no LM-head pass over the

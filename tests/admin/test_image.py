@@ -2,9 +2,8 @@
 Dockerfile.cpu's image with podman, and the container then serves the tiny models to the
 README's curls, the dashboard and the admin key, as a user would reach them.
 
-24-29 minutes on our 2-core host at load 12-18 (issue 23's hand timings on a quieter one add
-up to about 4) and 8 GB of disk, in a podman store of its own that is deleted afterwards, so it
-runs only with NANOSPEC_IMAGE_TEST=1 (root, podman, runc and debootstrap needed):
+About half an hour on a loaded 2-core host and 8 GB of disk, in a podman store of its own
+that is deleted afterwards, so it runs only with NANOSPEC_IMAGE_TEST=1 (root, podman, runc and debootstrap needed):
 
     NANOSPEC_IMAGE_TEST=1 python -m pytest -s tests/admin/test_image.py
 

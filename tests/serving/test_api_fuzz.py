@@ -11,9 +11,9 @@ fixed Hypothesis seed so a CI run sends the same cases every time.
 Bounds (CI): FUZZ_CASES cases per operation and mode (default 25, ~330 in all), and a
 wall-clock budget per operation and mode that ends its run early; Hypothesis' generate
 phase only (no shrinking: a failure reports the case as a curl command instead); no
-schemathesis coverage phase (a first try by hand sent no request in 500 s). The longer run:
+schemathesis coverage phase (it sends no request within 500 s here). The longer run:
 `NANOSPEC_FUZZ_CASES=400 NANOSPEC_FUZZ_SEED=random python -m pytest -s tests/serving/test_api_fuzz.py`
-(README, "Tests and benchmarks").
+(docs/testing.md, "API fuzzer").
 """
 
 from __future__ import annotations
@@ -209,7 +209,8 @@ def test_fuzzed_operation_never_gets_a_server_error(
     assert sum(statuses.values()) > 0, "no case was sent"
 
 
-# Bodies the fuzzer found answered with a 500 (each fixed in nanospec_server; see README).
+# Bodies SGLang alone answers with a 500, which nanospec_server refuses with a 400
+# (docs/testing.md, "API fuzzer").
 CHAT = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 8}
 SHORT_GRAMMAR = 'root ::= "a" | "b"'  # one token, then only EOS
 FOUND = [
@@ -241,7 +242,7 @@ FOUND = [
 
 
 @pytest.mark.parametrize(("path", "body", "field"), FOUND)
-def test_what_the_fuzzer_found_is_a_400_naming_the_field(
+def test_bodies_sglang_crashes_on_are_a_400_naming_the_field(
     target: Target, path: str, body, field: str
 ) -> None:
     response = requests.post(

@@ -75,5 +75,5 @@ def test_tiny_default_serves_text_and_chat(tmp_path) -> None:
         assert again["output_ids"] == answer["output_ids"]
     log = (tmp_path / "server.log").read_text()
     assert "nanospec: ready at" in log and "nanospec: stopped" in log
-    # --skip-server-warmup used to race SGLang's post-warmup /freeze_gc against uvicorn's bind
+    # --skip-server-warmup can race SGLang's post-warmup /freeze_gc against uvicorn's bind
     assert "freeze_gc failed" not in log and "freeze_gc skipped" not in log

@@ -221,7 +221,7 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch) -> None
 
     def dies_at_step_5(step, *args):
         if step == 5:
-            raise KeyboardInterrupt  # the session ends between checkpoints (saved at 4;
+            raise KeyboardInterrupt  # the run stops between checkpoints (saved at 4;
             # the data is reshuffled at step 6, so the generator state must come back too)
         return real_lr(step, *args)
 
@@ -231,7 +231,7 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch) -> None
               checkpoint, "recipe")  # fmt: skip
     assert torch.load(checkpoint, weights_only=False)["step"] == 4
     monkeypatch.setattr(eagle3_loop, "cosine_lr", real_lr)
-    head, *_ = _resume_setup()  # a new session: fresh weights, the checkpoint on disk
+    head, *_ = _resume_setup()  # a new run: fresh weights, the checkpoint on disk
     result = train(head, rows, rows, embed, draft_ids, cfg, CPU,
                    torch.Generator().manual_seed(0), checkpoint, "recipe")  # fmt: skip
     assert len(result.train_loss) == cfg.steps

@@ -1,4 +1,4 @@
-"""Trainer options of issue 12: answering dtype, a narrower head, a head started from the
+"""Trainer options: answering dtype, a narrower head, a head started from the
 target's last decoder layer."""
 
 from __future__ import annotations

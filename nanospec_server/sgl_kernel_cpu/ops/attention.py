@@ -208,7 +208,7 @@ def extend_attention(
     if one_token_each and own_kv_given and sees_prefix_and_itself:
         # A one-token verify (depth 0 of adaptive speculation) or prefill: each row is its
         # request's last token, computed as a decode step computes it, with the batch's
-        # per-row work done once (the general loop below made it ~1.17x a decode's attention)
+        # per-row work done once (the general loop below repeats it per row)
         _attend_last_tokens(
             q_extend.to(torch.float32), o_extend, k_buffer, v_buffer, key_scale, value_scale,
             req_to_token, reqs, lens, sliding_window_size, sm_scale, logit_cap, sinks,
