@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -11,6 +12,7 @@ import requests
 from nanospec_server.launch.server import generate
 from tests.admin.conftest import ADMIN, Server
 from tests.serving.conftest import ADMIN_KEY
+from tests.surface import RECORDED, comparable_schema
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -121,6 +123,12 @@ def test_running_request_is_listed_then_finished(server: Server) -> None:
     assert memory["tokens_not_admitted"] == 0  # the tiny vocabulary always fits
     limited = server.stats(limit=1, state="finished")["requests"]
     assert len(limited) == 1 and limited[0]["state"] == "finished"
+
+
+def test_served_schema_is_unchanged(server: Server) -> None:
+    served = comparable_schema(requests.get(f"{server.url}/openapi.json", timeout=30).json())
+    recorded = json.loads((RECORDED / "openapi.json").read_text())
+    assert served == recorded, "the served API changed; if on purpose: python -m tests.surface"
 
 
 def test_schema_metrics_and_dashboard_are_served(server: Server) -> None:
