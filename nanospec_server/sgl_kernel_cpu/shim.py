@@ -20,10 +20,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from nanospec_server.sglang_plugin import seams
+
 __all__ = ["activate_shim", "needs_shim", "real_sgl_kernel_loads", "shim_dir"]
 
 _ENV_SWITCH = "NANOSPEC_CPU_SHIM"
 _PROBE_TIMEOUT_S = 120
+_MODULE = seams.SGL_KERNEL.target
 
 
 def shim_dir() -> Path:
@@ -44,19 +47,19 @@ def real_sgl_kernel_loads() -> bool:
     on a host without a driver, and a failed extension import can leave this process
     half-initialised. The subprocess sees neither the shim dir nor ``NANOSPEC_CPU_SHIM``.
     """
-    loaded = sys.modules.get("sgl_kernel")
+    loaded = sys.modules.get(_MODULE)
     if loaded is not None:
         return not getattr(loaded, "IS_NANOSPEC_SHIM", False)
     search_path = _without_shim(sys.path)
-    if importlib.machinery.PathFinder.find_spec("sgl_kernel", search_path) is None:
+    if importlib.machinery.PathFinder.find_spec(_MODULE, search_path) is None:
         return False
     env = dict(os.environ)
     env.pop(_ENV_SWITCH, None)
     env["PYTHONPATH"] = os.pathsep.join(_without_shim(env.get("PYTHONPATH", "").split(os.pathsep)))
     probe = (
         f"import sys; sys.path[:] = [p for p in sys.path if p != {str(shim_dir())!r}]\n"
-        "import sgl_kernel\n"
-        "sys.exit(3 if getattr(sgl_kernel, 'IS_NANOSPEC_SHIM', False) else 0)\n"
+        f"import {_MODULE}\n"
+        f"sys.exit(3 if getattr({_MODULE}, 'IS_NANOSPEC_SHIM', False) else 0)\n"
     )
     try:
         result = subprocess.run(
@@ -100,7 +103,7 @@ def activate_shim() -> bool:
     """
     if not needs_shim():
         return False
-    loaded = sys.modules.get("sgl_kernel")
+    loaded = sys.modules.get(_MODULE)
     if loaded is not None and not getattr(loaded, "IS_NANOSPEC_SHIM", False):
         # A real sgl_kernel is already imported here; putting the shim on the path
         # now would only split the process from its subprocesses.

@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+from nanospec_server.sglang_plugin import seams
+
 logger = logging.getLogger(__name__)
 
 HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
@@ -24,8 +26,6 @@ def register() -> None:
     # the time SGLang loads plugins; importing it elsewhere would cost seconds for nothing.
     http_server = sys.modules.get(HTTP_SERVER_MODULE)
     if http_server is not None:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
         from nanospec_server.admin.routes import install_routes
         from nanospec_server.sglang_plugin.requests.chat_body import ChatBodyCheck
         from nanospec_server.sglang_plugin.stats.live_settings import ensure_token
@@ -34,32 +34,15 @@ def register() -> None:
         install_routes(http_server.app)
         if not any(m.cls is ChatBodyCheck for m in http_server.app.user_middleware):
             http_server.app.add_middleware(ChatBodyCheck)  # plugins may load twice
-        HookRegistry.register(
-            f"{HTTP_SERVER_MODULE}._freeze_gc_after_server_warmup",
-            freeze_gc_once_listening,
-            HookType.AROUND,
-        )
+        seams.hook(seams.FREEZE_GC_AFTER_WARMUP, freeze_gc_once_listening)
         from nanospec_server import engine_watch
 
-        HookRegistry.register(
-            f"{TOKENIZER_MANAGER_MODULE}.SignalHandler.running_phase_sigquit_handler",
-            engine_watch.sigquit_hook,
-            HookType.AROUND,
-        )
-        HookRegistry.register(
-            "sglang.srt.utils.watchdog.SubprocessWatchdog._check_processes",
-            engine_watch.check_processes_hook,
-            HookType.AROUND,
-        )
-        for exit_handler in (
-            "uvicorn.server.Server.handle_exit",  # Ctrl-C, SIGTERM before SGLang's loop runs
-            f"{TOKENIZER_MANAGER_MODULE}.SignalHandler.sigterm_handler",
-        ):
-            HookRegistry.register(exit_handler, engine_watch.expect_shutdown, HookType.BEFORE)
+        seams.hook(seams.SIGQUIT_HANDLER, engine_watch.sigquit_hook)
+        seams.hook(seams.WATCHDOG_CHECK, engine_watch.check_processes_hook)
+        for exit_handler in (seams.UVICORN_EXIT, seams.SIGTERM_HANDLER):
+            seams.hook(exit_handler, engine_watch.expect_shutdown)
         logger.info("nanospec: admin routes installed")
     if TOKENIZER_MANAGER_MODULE in sys.modules:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
         from nanospec_server.sglang_plugin.requests import checks as request_checks
 
         checks = (
@@ -68,21 +51,13 @@ def register() -> None:
             request_checks.check_stop_regex,
         )
         for check in checks:
-            HookRegistry.register(
-                f"{TOKENIZER_MANAGER_MODULE}.TokenizerManager._validate_one_request",
-                check,
-                HookType.BEFORE,
-            )
+            seams.hook(seams.VALIDATE_REQUEST, check)
     # Draft-worker hooks wait for a Scheduler to be built, so only scheduler processes
     # import the speculative modules (and only when speculation is on).
     if SCHEDULER_MODULE in sys.modules:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
         from nanospec_server.sglang_plugin.scheduler_hooks import install_scheduler_hooks
 
-        HookRegistry.register(
-            f"{SCHEDULER_MODULE}.Scheduler.__init__", install_scheduler_hooks, HookType.BEFORE
-        )
+        seams.hook(seams.SCHEDULER_INIT, install_scheduler_hooks)
 
 
 def port_listeners(port: int) -> set[int | None]:

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
+from nanospec_server.sglang_plugin import seams
 from nanospec_server.sglang_plugin.spec.verify_capture import eagle_sample_hook
 
 logger = logging.getLogger(__name__)
-
-SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
-INTERNAL_STATE = "sglang.srt.managers.scheduler_components.internal_state"
 
 
 def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
@@ -31,12 +27,12 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
 
         install_cpu_parallel_hooks()
         install_cpu_linear_hooks()
-        HookRegistry.apply_hooks()  # before the groups and the model, with or without speculation
+        seams.apply()  # before the groups and the model, with or without speculation
     from nanospec_server.sglang_plugin.requests import grammar_conflict
 
     grammar_conflict.register_hooks()  # every server: a client's clash is a 400, not a 500
     if not server_args.speculative_algorithm:
-        HookRegistry.apply_hooks()
+        seams.apply()
         return
     from nanospec_server.sglang_plugin.stats import live_settings, metrics, output_streamer
 
@@ -47,36 +43,13 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
         NanoSpecStandaloneDraftWorker,
     )
 
-    speculative = "sglang.srt.speculative"
-    HookRegistry.register(
-        f"{speculative}.eagle_worker_v2.EagleDraftWorker",
-        NanoSpecEagleDraftWorker,
-        HookType.REPLACE,
-    )
-    HookRegistry.register(
-        f"{speculative}.standalone_worker_v2.StandaloneDraftWorker",
-        NanoSpecStandaloneDraftWorker,
-        HookType.REPLACE,
-    )
-    HookRegistry.register(
-        f"{speculative}.eagle_utils.eagle_sample", eagle_sample_hook, HookType.AROUND
-    )
-    HookRegistry.register(
-        f"{SCHEDULER}.get_output_streamer_class",
-        lambda scheduler: output_streamer.NanoSpecOutputStreamer,
-        HookType.REPLACE,
-    )
-    HookRegistry.register(f"{SCHEDULER}.on_idle", release_ended_on_idle, HookType.BEFORE)
-    HookRegistry.register(
-        f"{INTERNAL_STATE}.SchedulerInternalStateController._update_handlers",
-        live_settings.update_handlers_hook,
-        HookType.AROUND,
-    )
-    HookRegistry.register(
-        f"{INTERNAL_STATE}.SchedulerInternalStateController.get_internal_state",
-        live_settings.get_internal_state_hook,
-        HookType.AFTER,
-    )
+    seams.hook(seams.EAGLE_DRAFT_WORKER, NanoSpecEagleDraftWorker)
+    seams.hook(seams.STANDALONE_DRAFT_WORKER, NanoSpecStandaloneDraftWorker)
+    seams.hook(seams.EAGLE_SAMPLE, eagle_sample_hook)
+    seams.hook(seams.OUTPUT_STREAMER, lambda scheduler: output_streamer.NanoSpecOutputStreamer)
+    seams.hook(seams.SCHEDULER_IDLE, release_ended_on_idle)
+    seams.hook(seams.INTERNAL_STATE_HANDLERS, live_settings.update_handlers_hook)
+    seams.hook(seams.INTERNAL_STATE_GET, live_settings.get_internal_state_hook)
     from nanospec_server.sglang_plugin.spec import adaptive, draft_topk
 
     adaptive.register_hooks()  # depth per step, and our policy where --nanospec-adaptive
@@ -85,7 +58,7 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
     from nanospec_server.sglang_plugin.cpu.sampling import install_cpu_sampling_hook
 
     install_cpu_sampling_hook()  # CPU only: EAGLE verify samples instead of going greedy
-    HookRegistry.apply_hooks()
+    seams.apply()
     logger.info("nanospec: draft workers, verify capture and statistics installed")
 
 

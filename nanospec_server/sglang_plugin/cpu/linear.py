@@ -35,12 +35,11 @@ from nanospec_server.ops.packed_linear import (
     packable,
     packed_linear,
 )
+from nanospec_server.sglang_plugin import seams
 
 logger = logging.getLogger(__name__)
 
 ENV = "NANOSPEC_CPU_LINEAR"
-UNQUANT = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod"
-LOGITS = "sglang.srt.layers.logits_processor"
 
 
 def enabled() -> bool:
@@ -115,14 +114,8 @@ def install_cpu_linear_hooks() -> bool:
     """Register the hooks (the caller applies them). Returns whether it did."""
     if not enabled():
         return False
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(
-        f"{UNQUANT}.process_weights_after_loading", after_loading_hook, HookType.AROUND
-    )
-    HookRegistry.register(f"{UNQUANT}.apply", apply_hook, HookType.AROUND)
-    HookRegistry.register(
-        f"{LOGITS}.LogitsProcessor._compute_lm_head", lm_head_hook, HookType.AROUND
-    )
+    seams.hook(seams.LINEAR_AFTER_LOADING, after_loading_hook)
+    seams.hook(seams.LINEAR_APPLY, apply_hook)
+    seams.hook(seams.LM_HEAD, lm_head_hook)
     logger.info("nanospec: fp32 CPU linear layers and LM heads use oneDNN packed weights")
     return True

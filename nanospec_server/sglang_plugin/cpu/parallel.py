@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
+from nanospec_server.sglang_plugin import seams
 
 
 def group_without_device_communicators(original: Callable, *args, **kwargs):
@@ -24,10 +24,4 @@ def group_without_device_communicators(original: Callable, *args, **kwargs):
 
 def install_cpu_parallel_hooks() -> None:
     """Register the hook (the caller applies it, before the parallel groups are made)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(
-        f"{PARALLEL_STATE}.init_model_parallel_group",
-        group_without_device_communicators,
-        HookType.AROUND,
-    )
+    seams.hook(seams.MODEL_PARALLEL_GROUP, group_without_device_communicators)

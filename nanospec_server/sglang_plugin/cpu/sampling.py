@@ -25,12 +25,12 @@ import torch
 
 from nanospec_server.sgl_kernel_cpu.ops import registry
 from nanospec_server.sgl_kernel_cpu.ops.renorm import top_k_renorm_prob, top_p_renorm_prob
+from nanospec_server.sglang_plugin import seams
 
 __all__ = ["install_cpu_sampling_hook", "stand_in_active"]
 
 logger = logging.getLogger(__name__)
 
-EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
 OP_NAME = "tree_speculative_sampling_target_only"
 
 
@@ -56,23 +56,20 @@ def _verify_uses_greedy_hook(
 def _bind_missing_ops() -> list[str]:
     """Fill eagle_utils' ``None`` bindings with our ops; return the names bound.
 
-    Plain ``setattr`` rather than a HookRegistry REPLACE: the registry propagates a patch
+    Attribute seams rather than HookRegistry REPLACEs: the registry propagates a patch
     to every module attribute that ``is`` the original, and for ``None`` that would be
     every unset global in the process.
     """
-    import importlib
-
-    eagle_utils = importlib.import_module(EAGLE_UTILS)
-    wanted = {
-        OP_NAME: tree_sampling_via_dispatcher,
-        "top_k_renorm_prob": top_k_renorm_prob,
-        "top_p_renorm_prob": top_p_renorm_prob,
-    }
+    wanted = (
+        (seams.TREE_SAMPLING_OP, tree_sampling_via_dispatcher),
+        (seams.TOP_K_RENORM, top_k_renorm_prob),
+        (seams.TOP_P_RENORM, top_p_renorm_prob),
+    )
     bound = []
-    for name, fn in wanted.items():
-        if getattr(eagle_utils, name, None) is None:
-            setattr(eagle_utils, name, fn)
-            bound.append(name)
+    for seam, fn in wanted:
+        if seams.current(seam) is None:
+            seams.patch(seam, fn)
+            bound.append(seam.attribute)
     return bound
 
 
@@ -85,16 +82,11 @@ def install_cpu_sampling_hook() -> bool:
     """
     if not stand_in_active():
         return False
-    # Imported here: importing sglang costs seconds, and the helpers above do not need it.
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
     if getattr(install_cpu_sampling_hook, "done", False):
         return True
     install_cpu_sampling_hook.done = True  # type: ignore[attr-defined]
     bound = _bind_missing_ops()
-    HookRegistry.register(
-        f"{EAGLE_UTILS}._verify_uses_greedy", _verify_uses_greedy_hook, HookType.AROUND
-    )
-    HookRegistry.apply_hooks()
+    seams.hook(seams.VERIFY_USES_GREEDY, _verify_uses_greedy_hook)
+    seams.apply()
     logger.info("nanospec: EAGLE verify samples on CPU (stand-in ops: %s)", ", ".join(bound))
     return True

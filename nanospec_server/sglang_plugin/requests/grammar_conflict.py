@@ -18,11 +18,7 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
-BATCH_RESULT_PROCESSOR = (
-    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
-)
-# The two places SGLang advances a request's grammar over sampled tokens.
-GRAMMAR_STEPS = ("_apply_prefill_grammar", "_accept_grammar_tokens")
+from nanospec_server.sglang_plugin import seams
 
 
 def _sampled(args: tuple, kwargs: dict) -> tuple[Any, list[int]]:
@@ -65,9 +61,6 @@ def grammar_conflict_hook(original, processor, *args, **kwargs):
 
 
 def register_hooks() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    for step in GRAMMAR_STEPS:
-        HookRegistry.register(
-            f"{BATCH_RESULT_PROCESSOR}.{step}", grammar_conflict_hook, HookType.AROUND
-        )
+    # The two places SGLang advances a request's grammar over sampled tokens.
+    for step in (seams.GRAMMAR_PREFILL, seams.GRAMMAR_ACCEPT):
+        seams.hook(step, grammar_conflict_hook)

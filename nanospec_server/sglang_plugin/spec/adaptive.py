@@ -39,17 +39,16 @@ from dataclasses import dataclass, field
 import torch
 from sglang.srt.arg_groups.overrides import resolved_view, resolving_view
 from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.runtime_context import attn_dp_enabled_of, get_exec
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from nanospec_server.adaptive.policy import Decision, GoodputPolicy
 from nanospec_server.config import NanoSpecConfig
+from nanospec_server.sglang_plugin import seams
 
 logger = logging.getLogger(__name__)
 
-WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 RECENT_STEPS = 64  # steps /stats/vocab lists, newest last
 SKIP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 CUDA_TIME_EVERY = 8  # on a GPU a timed step costs two host syncs: time one step in 8
@@ -293,11 +292,9 @@ def window_update_without_extend(result, worker, batch, batch_output, *args, **k
 
 
 def register_hooks() -> None:
-    HookRegistry.register(f"{WORKER}.init_cuda_graphs", after_init_cuda_graphs, HookType.AFTER)
-    HookRegistry.register(f"{WORKER}.forward_batch_generation", timed_forward, HookType.AROUND)
-    HookRegistry.register(
-        f"{WORKER}._stub_skipped_draft_extend", window_update_without_extend, HookType.AFTER
-    )
+    seams.hook(seams.WORKER_INIT_CUDA_GRAPHS, after_init_cuda_graphs)
+    seams.hook(seams.WORKER_FORWARD, timed_forward)
+    seams.hook(seams.WORKER_SKIPPED_EXTEND, window_update_without_extend)
 
 
 def apply_live(config: NanoSpecConfig) -> None:

@@ -24,6 +24,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from nanospec_server.sglang_plugin import seams
+
 
 class DraftTopk:
     """The latest carrier, and the probabilities the renorm hook derived from it."""
@@ -83,14 +85,6 @@ def draft_topk1_postprocess_hook(
 
 def register_hooks() -> None:
     """AROUND hooks on the three SGLang functions that turn draft logits into top-k."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    targets = {
-        "sglang.srt.speculative.spec_utils.renorm_draft_probs": renorm_draft_probs_hook,
-        "sglang.srt.utils.common.fast_topk": fast_topk_hook,
-        "sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess": (
-            draft_topk1_postprocess_hook
-        ),
-    }
-    for target, hook in targets.items():
-        HookRegistry.register(target, hook, HookType.AROUND)
+    seams.hook(seams.RENORM_DRAFT_PROBS, renorm_draft_probs_hook)
+    seams.hook(seams.FAST_TOPK, fast_topk_hook)
+    seams.hook(seams.DRAFT_TOPK1_POSTPROCESS, draft_topk1_postprocess_hook)
