@@ -15,8 +15,8 @@ from nanospec_server.bench.cli import add_bench_command
 from nanospec_server.config import CONFIG_ENV, DEFAULT_HISTORY, HISTORY_ENV, Mode, NanoSpecConfig
 from nanospec_server.models.cli import add_models_commands
 from nanospec_server.models.errors import ModelPrepareError
-from nanospec_server.models.trim_cli import add_vocab_commands
 from nanospec_server.train.cli import add_train_command
+from nanospec_server.vocab_tools.trim_cli import add_vocab_commands
 
 UVICORN_STARTUP_FAILURE = 3  # uvicorn's exit code when it cannot start, e.g. bind the port
 
@@ -112,7 +112,7 @@ def build_token_map_command(args: argparse.Namespace, parser: argparse.ArgumentP
     missing = [str(p) for p in args.corpus if not p.is_file()]
     if missing:
         parser.error(f"--corpus: no such file: {', '.join(missing)}")
-    from nanospec_server.models.token_map import build_token_map
+    from nanospec_server.vocab_tools.token_map import build_token_map
 
     count = build_token_map(args.tokenizer, args.corpus, args.top_k, args.output)
     print(f"nanospec: wrote {count} token ids to {args.output}")

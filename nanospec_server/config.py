@@ -55,7 +55,7 @@ class NanoSpecConfig(BaseModel):
         None, ge=1, description="rows of the packed draft head (default: 8 full windows)"
     )
     # Hybrid vocabulary: I ∪ P, P = the prior_k most frequent tokens of a fixed corpus
-    # (models/prior.py), pinned like EOS; 0 is the paper's method.
+    # (vocab_tools/prior.py), pinned like EOS; 0 is the paper's method.
     prior_k: int = Field(0, ge=0, description="static prior tokens added to every active set")
     # Adaptive speculation (sglang_plugin/spec/adaptive.py): each step's draft depth, 0 to the
     # launch's, from the batch size, the measured acceptance and a per-host cost model.

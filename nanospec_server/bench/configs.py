@@ -177,7 +177,7 @@ def build_token_maps(
     tokenizer_dir: Path, ks: list[int], vocab_size: int, out_dir: Path, corpus: list[Path]
 ) -> dict[int, Path]:
     """One FR-Spec token map per k (k capped at the vocabulary), cached in ``out_dir``."""
-    from nanospec_server.models.token_map import build_token_map
+    from nanospec_server.vocab_tools.token_map import build_token_map
 
     maps = {}
     for k in ks:

@@ -1,6 +1,6 @@
 """The hybrid prior's size k by the trimming method (`nanospec vocab prior-k`).
 
-The same utility as `models/trim.py`, U(k) = alpha * C(k) + (1 - alpha) * R(k) with
+The same utility as `vocab_tools/trim.py`, U(k) = alpha * C(k) + (1 - alpha) * R(k) with
 C(k) >= c_min, searched by the same TPE, but each term is what serving does:
 
 - C(k): the share of the target's next tokens that window ∪ prior holds, replayed
@@ -25,7 +25,7 @@ import torch
 
 from nanospec_server.bench.latency import _head_topk, _median_ms
 from nanospec_server.bench.replay import ReplayStats, Sequence, replay
-from nanospec_server.models.trim import DEFAULT_ALPHA, Search, tpe_maximise, utility
+from nanospec_server.vocab_tools.trim import DEFAULT_ALPHA, Search, tpe_maximise, utility
 
 ROW_QUANTUM = 64  # head times are measured per 64 rows: nearby sizes cost the same
 

@@ -208,7 +208,7 @@ def _prior_tokens(k: int) -> list[int]:
         return []
     from transformers import AutoTokenizer
 
-    from nanospec_server.models.prior import prior_token_ids
+    from nanospec_server.vocab_tools.prior import prior_token_ids
 
     # The draft worker loads no tokenizer of its own; the target's is the one that counts.
     tokenizer = AutoTokenizer.from_pretrained(get_serving().tokenizer_path)

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from nanospec_server.arg_types import fraction, positive_int
-from nanospec_server.models.trim import DEFAULT_ALPHA
+from nanospec_server.vocab_tools.trim import DEFAULT_ALPHA
 
 
 def _add_search_flags(parser: argparse.ArgumentParser) -> None:
@@ -88,8 +88,8 @@ def trim_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     import torch
     from transformers import AutoTokenizer
 
-    from nanospec_server.models import trim
-    from nanospec_server.models.answers import assistant_texts
+    from nanospec_server.vocab_tools import trim
+    from nanospec_server.vocab_tools.answers import assistant_texts
 
     missing = [str(p) for p in args.answers if not p.is_file()]
     if missing:
@@ -142,8 +142,8 @@ def trim_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
 
 def answers_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from nanospec_server.models.answers import self_distilled_answers
     from nanospec_server.train.target import resolve_target
+    from nanospec_server.vocab_tools.answers import self_distilled_answers
 
     try:
         model_dir = resolve_target(args.target)
@@ -158,7 +158,7 @@ def answers_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 def calibration_points(latency: dict, shape) -> list[tuple[str, float, float]]:
     """One-call parts of a `bench latency` breakdown as (label, GFLOPs, ms)."""
-    from nanospec_server.models.trim import backbone_flops, head_flops
+    from nanospec_server.vocab_tools.trim import backbone_flops, head_flops
 
     b = latency["breakdown"]
     points = [("backbone", backbone_flops(shape, b["context"]) / 1e9, b["backbone"])]
@@ -169,7 +169,7 @@ def calibration_points(latency: dict, shape) -> list[tuple[str, float, float]]:
 
 
 def calibrate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from nanospec_server.models.trim import DraftShape, calibrate
+    from nanospec_server.vocab_tools.trim import DraftShape, calibrate
 
     missing = [str(p) for p in args.latency if not p.is_file()]
     if missing:
@@ -201,8 +201,8 @@ def prior_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     from nanospec_server.bench.coverage import target_topk
     from nanospec_server.bench.prior_tune import HeadTimer, PriorProblem
     from nanospec_server.bench.replay import Sequence
-    from nanospec_server.models.prior import ranked_tokens
     from nanospec_server.train.target import load_target, load_tokenizer, resolve_target
+    from nanospec_server.vocab_tools.prior import ranked_tokens
 
     for flag, path in (("--answers", args.answers), ("--latency", args.latency)):
         if not path.is_file():
