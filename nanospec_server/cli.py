@@ -9,10 +9,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from nanospec_server.admin.auth import ADMIN_KEY_ENV, ADMIN_KEY_FILE_ENV
+from nanospec_server import env
 from nanospec_server.admin.cli import add_admin_commands
 from nanospec_server.bench.cli import add_bench_command
-from nanospec_server.config import CONFIG_ENV, DEFAULT_HISTORY, HISTORY_ENV, Mode, NanoSpecConfig
+from nanospec_server.config import DEFAULT_HISTORY, Mode, NanoSpecConfig
 from nanospec_server.models.cli import add_models_commands
 from nanospec_server.models.errors import ModelPrepareError
 from nanospec_server.train.cli import add_train_command
@@ -191,15 +191,15 @@ def _check_extend_flags(args: argparse.Namespace, parser: argparse.ArgumentParse
 
 def _admin_key_from_env(parser: argparse.ArgumentParser) -> str | None:
     """$NANOSPEC_ADMIN_KEY, or the file $NANOSPEC_ADMIN_KEY_FILE names (a Docker secret)."""
-    key_file = os.environ.get(ADMIN_KEY_FILE_ENV)
-    if os.environ.get(ADMIN_KEY_ENV) or not key_file:
-        return os.environ.get(ADMIN_KEY_ENV)
+    key_file = env.admin_key_file()
+    if env.admin_key() or not key_file:
+        return env.admin_key()
     try:
         key = Path(key_file).read_text().strip()
     except OSError as error:
-        parser.error(f"{ADMIN_KEY_FILE_ENV}: cannot read {key_file}: {error.strerror}")
+        parser.error(f"{env.ADMIN_KEY_FILE}: cannot read {key_file}: {error.strerror}")
     if not key:
-        parser.error(f"{ADMIN_KEY_FILE_ENV}: {key_file} is empty")
+        parser.error(f"{env.ADMIN_KEY_FILE}: {key_file} is empty")
     return key
 
 
@@ -219,7 +219,7 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
     _check_extend_flags(args, parser)
     if args.nanospec_stats_history < 1:
         parser.error("--nanospec-stats-history: must be at least 1")
-    os.environ[HISTORY_ENV] = str(args.nanospec_stats_history)
+    os.environ[env.STATS_HISTORY] = str(args.nanospec_stats_history)
     admin_key = _admin_key_from_env(parser)
     if admin_key and _flag_value(sglang_argv, "--admin-api-key") is None:
         # From the environment (Docker secrets, compose), so it never shows in `ps`.
@@ -254,7 +254,7 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
         name = served_name(_flag_value(sglang_argv, "--model-path"))
         if name is not None:
             sglang_argv = sglang_argv + ["--served-model-name", name]
-    os.environ[CONFIG_ENV] = config.to_env()
+    os.environ[env.CONFIG] = config.to_env()
 
     # SGLang is imported only now, after the environment its platform detection reads.
     from sglang.srt.entrypoints.http_server import launch_server

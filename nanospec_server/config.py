@@ -7,13 +7,12 @@ and every process it spawns inherits the launcher's environment.
 
 from __future__ import annotations
 
-import os
 from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-CONFIG_ENV = "NANOSPEC_CONFIG"
-HISTORY_ENV = "NANOSPEC_STATS_HISTORY"  # finished requests /stats/vocab keeps per DP rank
+from nanospec_server.env import config_json
+
 DEFAULT_HISTORY = 1024
 
 
@@ -84,5 +83,5 @@ class NanoSpecConfig(BaseModel):
 
     @classmethod
     def from_env(cls) -> NanoSpecConfig:
-        raw = os.environ.get(CONFIG_ENV)
+        raw = config_json()
         return cls.model_validate_json(raw) if raw else cls()

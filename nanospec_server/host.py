@@ -11,6 +11,8 @@ import glob
 import logging
 import os
 
+from nanospec_server.env import cpu_threads
+
 # Flags that route SGLang's CPU path through attention ops our stand-in provides.
 # `torch_native` alone refuses EAGLE; the split prefill/decode flags survive the AMX check.
 CPU_SERVER_FLAGS: dict[str, str] = {
@@ -39,7 +41,6 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
 # Intra-op threads of the scheduler (the process that runs the models); the tokenizer,
 # detokenizer and HTTP processes keep OMP_NUM_THREADS=1. SGLang binds threads itself
 # (SGLANG_CPU_OMP_THREADS_BIND) only on AMX and arm64 hosts through its real sgl_kernel.
-CPU_THREADS_ENV = "NANOSPEC_CPU_THREADS"
 
 
 def usable_cores() -> int:
@@ -62,8 +63,8 @@ def default_cpu_threads(cores: int) -> int:
 def scheduler_cpu_threads(ranks: int = 1) -> int:
     """$NANOSPEC_CPU_THREADS, else the default for this host's cores shared by the
     ``ranks`` scheduler processes (tensor- and data-parallel ranks), at least one each."""
-    value = os.environ.get(CPU_THREADS_ENV)
-    return int(value) if value else max(default_cpu_threads(usable_cores()) // ranks, 1)
+    value = cpu_threads()
+    return value if value is not None else max(default_cpu_threads(usable_cores()) // ranks, 1)
 
 
 # SGLang's CPU thread binder: one "|"-separated core list per rank (dp x tp x pp).

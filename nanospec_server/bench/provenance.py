@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from nanospec_server.env import cache
+
 _PACKAGES = ("sglang", "torch", "transformers", "nanospec-server")
 
 
@@ -61,7 +63,7 @@ def hardware() -> dict:
 
 def bench_root() -> Path:
     """Where results go unless told otherwise: ``$NANOSPEC_CACHE/bench``."""
-    root = os.environ.get("NANOSPEC_CACHE") or Path.home() / ".cache/nanospec-server"
+    root = cache() or Path.home() / ".cache/nanospec-server"
     return Path(root) / "bench"
 
 

@@ -6,14 +6,15 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from nanospec_server.env import specbench
 
 DEFAULT_PATH = Path(__file__).resolve().parents[3] / "shared/data/specbench/question.jsonl"
 
 
 def spec_bench_path() -> Path:
-    return Path(os.environ.get("NANOSPEC_SPECBENCH", DEFAULT_PATH))
+    return Path(raw if (raw := specbench()) is not None else DEFAULT_PATH)
 
 
 def first_turns(count: int, path: Path | None = None) -> list[str]:

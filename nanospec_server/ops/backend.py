@@ -5,11 +5,12 @@ import os
 import warnings
 from types import ModuleType
 
+from nanospec_server.env import ops_backend
 from nanospec_server.ops.build import load_cuda_extension
 
 
 def _forced() -> str | None:
-    return os.environ.get("NANOSPEC_OPS") or None
+    return ops_backend()
 
 
 @functools.cache

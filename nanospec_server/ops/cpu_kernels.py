@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from nanospec_server.env import cache as cache_env
 from nanospec_server.ops import w_max_per_row
 from nanospec_server.ops.build import KERNEL_DIR
 
@@ -28,7 +29,7 @@ def library() -> ctypes.CDLL:
     if compiler is None:
         raise FileNotFoundError("no C++ compiler")
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    cache = Path(os.environ.get("NANOSPEC_CACHE", Path.home() / ".cache" / "nanospec"))
+    cache = Path(raw if (raw := cache_env()) is not None else Path.home() / ".cache" / "nanospec")
     target = cache / f"vocab_cpu-{digest}.so"
     if not target.exists():
         cache.mkdir(parents=True, exist_ok=True)

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from nanospec_server.env import cpu_linear
 from nanospec_server.ops.packed_linear import (
     OneDnnWeight,
     available,
@@ -37,13 +37,12 @@ from nanospec_server.ops.packed_linear import (
 
 logger = logging.getLogger(__name__)
 
-ENV = "NANOSPEC_CPU_LINEAR"
 UNQUANT = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod"
 LOGITS = "sglang.srt.layers.logits_processor"
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0" and available()
+    return cpu_linear() and available()
 
 
 def after_loading_hook(original: Callable, method, layer: torch.nn.Module) -> None:
