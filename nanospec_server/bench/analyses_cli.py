@@ -74,7 +74,7 @@ def coverage_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     from nanospec_server.bench.configs import default_token_map_corpus
     from nanospec_server.bench.data import DataError, load_tasks
     from nanospec_server.bench.provenance import provenance
-    from nanospec_server.bench.replay import Sequence
+    from nanospec_server.vocab_tools.replay import Sequence
     from nanospec_server.vocab_tools.token_map import corpus_texts, top_k_token_ids
 
     torch.set_num_threads(1)

@@ -16,8 +16,8 @@ from tqdm import tqdm
 
 from nanospec_server.bench.configs import size_label
 from nanospec_server.bench.data import BenchPrompt, encode_chat
-from nanospec_server.bench.replay import ReplayStats, Sequence, replay, static_coverage
 from nanospec_server.vocab import topk_tokens_in_chunks
+from nanospec_server.vocab_tools.replay import ReplayStats, Sequence, replay, static_coverage
 
 PAPER_COVERAGE = (0.73, 0.97)  # the paper's per-task range at its default W_max
 

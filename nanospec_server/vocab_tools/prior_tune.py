@@ -4,7 +4,7 @@ The same utility as `vocab_tools/trim.py`, U(k) = alpha * C(k) + (1 - alpha) * R
 C(k) >= c_min, searched by the same TPE, but each term is what serving does:
 
 - C(k): the share of the target's next tokens that window ∪ prior holds, replayed
-  offline through the serving window (`bench/replay.py`) over the target's own answers
+  offline through the serving window (`vocab_tools/replay.py`) over the target's own answers
   with its top-K predictions (the candidate stream as the runtime appends it).
 - R(k): 1 - L(k) / L(V), where L is the backbone's measured time (`bench latency`) plus
   the LM head's time measured here at the rows actually computed: the mean |I ∪ P| of
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanospec_server.bench.latency import _head_topk, _median_ms
-from nanospec_server.bench.replay import ReplayStats, Sequence, replay
+from nanospec_server.vocab_tools.replay import ReplayStats, Sequence, replay
 from nanospec_server.vocab_tools.trim import DEFAULT_ALPHA, Search, tpe_maximise, utility
 
 ROW_QUANTUM = 64  # head times are measured per 64 rows: nearby sizes cost the same
