@@ -74,7 +74,7 @@ def coverage_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     from nanospec_server.bench.configs import default_token_map_corpus
     from nanospec_server.bench.data import DataError, load_tasks
     from nanospec_server.bench.provenance import provenance
-    from nanospec_server.vocab_tools.replay import Sequence
+    from nanospec_server.vocab_tools.replay import Sequence, target_topk
     from nanospec_server.vocab_tools.token_map import corpus_texts, top_k_token_ids
 
     torch.set_num_threads(1)
@@ -93,7 +93,7 @@ def coverage_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         except DataError as error:
             parser.error(f"--specbench: {error}")
         raw = cov.generate_outputs(model, tokenizer, prompts, args.max_new_tokens)
-    sequences = [Sequence(ids, out, cov.target_topk(model, ids + out, 3), task)
+    sequences = [Sequence(ids, out, target_topk(model, ids + out, 3), task)
                  for _, task, ids, out in raw if out]  # fmt: skip
     vocab_size = model.lm_head.weight.shape[0]
     corpus = [Path(p) for p in args.token_map_corpus or []] or default_token_map_corpus()

@@ -15,8 +15,8 @@ import torch
 from tqdm import tqdm
 
 from nanospec_server.bench.configs import size_label
-from nanospec_server.bench.data import BenchPrompt, encode_chat
-from nanospec_server.vocab import topk_tokens_in_chunks
+from nanospec_server.bench.data import BenchPrompt
+from nanospec_server.models.chat import encode_chat
 from nanospec_server.vocab_tools.replay import ReplayStats, Sequence, replay, static_coverage
 
 PAPER_COVERAGE = (0.73, 0.97)  # the paper's per-task range at its default W_max
@@ -61,13 +61,6 @@ def generate_outputs(model, tokenizer, prompts: list[BenchPrompt], max_new_token
                                   do_sample=False, pad_token_id=tokenizer.eos_token_id)  # fmt: skip
         out.append((p.id, p.task, ids, full[0, len(ids) :].tolist()))
     return out
-
-
-def target_topk(model, ids: list[int], k: int) -> torch.Tensor:
-    """Top-k predictions at every position but the last: [len(ids) - 1, k]."""
-    with torch.no_grad():
-        hidden = model.model(torch.tensor([ids])).last_hidden_state[0, :-1]
-    return topk_tokens_in_chunks(hidden, model.lm_head.weight, k)
 
 
 def coverage_tables(

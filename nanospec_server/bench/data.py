@@ -109,21 +109,3 @@ def load_tasks(
     if "code" in tasks:
         prompts += load_humaneval()
     return select(prompts, limit_per_task, seed, tasks)
-
-
-def encode_chat(tokenizer, turns: list[str], answers: list[str]) -> list[int]:
-    """Token ids of a chat whose user ``turns`` alternate with the model's ``answers``
-    (one fewer), ready for the next answer; plain concatenation without a chat template."""
-    messages = []
-    for i, turn in enumerate(turns):
-        messages.append({"role": "user", "content": turn})
-        if i < len(answers):
-            messages.append({"role": "assistant", "content": answers[i]})
-    if getattr(tokenizer, "chat_template", None):
-        return list(
-            tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        )
-    text = "\n".join(m["content"] for m in messages)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]

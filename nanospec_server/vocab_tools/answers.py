@@ -53,7 +53,7 @@ def self_distilled_answers(
     import torch
     from tqdm import tqdm
 
-    from nanospec_server.bench.data import encode_chat
+    from nanospec_server.models.chat import encode_chat
     from nanospec_server.train.distill import generate_rows
     from nanospec_server.train.prompts import Split, chat_prompts
     from nanospec_server.train.target import load_target, load_tokenizer

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nanospec_server.bench.latency import _head_topk, _median_ms
 from nanospec_server.vocab_tools.replay import ReplayStats, Sequence, replay
+from nanospec_server.vocab_tools.timing import head_topk, median_ms
 from nanospec_server.vocab_tools.trim import DEFAULT_ALPHA, Search, tpe_maximise, utility
 
 ROW_QUANTUM = 64  # head times are measured per 64 rows: nearby sizes cost the same
@@ -54,8 +54,8 @@ class HeadTimer:
             hidden = torch.randn(1, self.weight.shape[1], dtype=self.weight.dtype)
             block = self.weight[:size].contiguous()
             with torch.no_grad():
-                _head_topk(hidden, block)  # warm
-                self.measured[size] = _median_ms(lambda: _head_topk(hidden, block), self.repeats)
+                head_topk(hidden, block)  # warm
+                self.measured[size] = median_ms(lambda: head_topk(hidden, block), self.repeats)
         return self.measured[size]
 
 

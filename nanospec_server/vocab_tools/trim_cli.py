@@ -198,11 +198,10 @@ def prior_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     import torch
     from tqdm import tqdm
 
-    from nanospec_server.bench.coverage import target_topk
     from nanospec_server.train.target import load_target, load_tokenizer, resolve_target
     from nanospec_server.vocab_tools.prior import ranked_tokens
     from nanospec_server.vocab_tools.prior_tune import HeadTimer, PriorProblem
-    from nanospec_server.vocab_tools.replay import Sequence
+    from nanospec_server.vocab_tools.replay import Sequence, target_topk
 
     for flag, path in (("--answers", args.answers), ("--latency", args.latency)):
         if not path.is_file():
