@@ -12,6 +12,7 @@ import logging
 import os
 
 from nanospec_server.env import cpu_threads
+from nanospec_server.sgl_kernel_cpu.shim import activate_shim, needs_shim
 
 # Flags that route SGLang's CPU path through attention ops our stand-in provides.
 # `torch_native` alone refuses EAGLE; the split prefill/decode flags survive the AMX check.
@@ -107,8 +108,6 @@ def prepare_cpu_environment() -> bool:
 
     Returns whether the stand-in was activated (False when a real sgl_kernel loads).
     """
-    from nanospec_server.sgl_kernel_cpu.shim import activate_shim
-
     for name, value in CPU_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
     return activate_shim()
@@ -134,8 +133,7 @@ def bitwise_lossless(dtype: str) -> bool:
     through our stand-in and packed linears, yes: every op on the target's path computes a
     position the same way in a decode, a verify and any prefill chunk (README, "Exactly
     lossless")."""
-    from nanospec_server.sgl_kernel_cpu.shim import needs_shim
-    from nanospec_server.sglang_plugin.cpu.linear import enabled as packed_linears
+    from nanospec_server.ops.packed_linear import enabled as packed_linears  # deferred: torch
 
     if has_cuda() or dtype != "float32" or not packed_linears():
         return False

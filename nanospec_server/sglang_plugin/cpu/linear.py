@@ -26,10 +26,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from nanospec_server.env import cpu_linear
 from nanospec_server.ops.packed_linear import (
     OneDnnWeight,
-    available,
+    enabled,
     pack,
     packable,
     packed_linear,
@@ -39,10 +38,6 @@ logger = logging.getLogger(__name__)
 
 UNQUANT = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod"
 LOGITS = "sglang.srt.layers.logits_processor"
-
-
-def enabled() -> bool:
-    return cpu_linear() and available()
 
 
 def after_loading_hook(original: Callable, method, layer: torch.nn.Module) -> None:
