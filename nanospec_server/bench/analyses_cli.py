@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from nanospec_server.arg_types import positive_int
-from nanospec_server.bench.cli import _size, default_dtype
+from nanospec_server.bench.configs import default_dtype, size_arg
 from nanospec_server.bench.provenance import bench_root
 
 W_SWEEP = [256, 512, 1024, 2048, 3072, 4096, 8192]
@@ -29,7 +29,7 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
         "--max-new-tokens", type=positive_int, default=128, help="when generating here"
     )
     cov.add_argument("--w-max", nargs="+", type=positive_int, default=W_SWEEP)
-    cov.add_argument("--static-k", nargs="+", type=_size, default=K_SWEEP)
+    cov.add_argument("--static-k", nargs="+", type=size_arg, default=K_SWEEP)
     cov.add_argument("--step-tokens", type=positive_int, default=3,
                      help="tokens emitted per replayed step (an acceptance length)")  # fmt: skip
     cov.add_argument(
@@ -45,7 +45,7 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
                           "whose embedding and LM head the head shares")  # fmt: skip
     lat.add_argument("--eagle", type=Path, help="time this EAGLE head's draft step instead")
     lat.add_argument("--w-max", type=positive_int, default=3072)
-    lat.add_argument("--static-k", type=_size, default=32768)
+    lat.add_argument("--static-k", type=size_arg, default=32768)
     lat.add_argument("--steps", type=positive_int, default=30)
     lat.add_argument("--context", type=positive_int, default=512, help="KV-cache tokens")
     lat.add_argument("--specbench", help="Spec-Bench question.jsonl (the text of the stream)")

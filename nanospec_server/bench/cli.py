@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 from nanospec_server.arg_types import non_negative_int, positive_int
-from nanospec_server.bench.configs import MODES, parse_size
+from nanospec_server.bench.analyses_cli import add_analysis_commands
+from nanospec_server.bench.configs import MODES, default_dtype, size_arg
 
 # Three configurations (ar, full, nanospec), the five tasks with short prompts: summarization
 # and RAG prompts run to ~750 tokens, one to two minutes of prefill each for a CPU's 1.5B target.
@@ -40,13 +41,6 @@ CPU_REPORT = {"target": "qwen2.5-coder-0.5b-instruct", "standalone": [], "shapes
               "max_servers": 1, "max_total_tokens": 8192}  # fmt: skip
 TINY = {"target": "agree-target", "eagle": ["agree-eagle"], "standalone": [],
         "dtype": "float32", "static_ks": [256], "max_total_tokens": 8192}  # fmt: skip
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 32k or 512, got {text!r}") from None
 
 
 def _shape(text: str) -> tuple[int, int, int]:
@@ -83,7 +77,7 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--modes", nargs="+", choices=MODES, help="draft modes (default: the preset's)"
     )
-    run.add_argument("--static-k", nargs="+", type=_size, help="FR-Spec sizes (default 32k)")
+    run.add_argument("--static-k", nargs="+", type=size_arg, help="FR-Spec sizes (default 32k)")
     run.add_argument("--w-max", nargs="+", type=positive_int, help="NanoSpec W_max values")
     run.add_argument("--prior-k", nargs="+", type=non_negative_int,
                      help="hybrid vocabulary: NanoSpec once per static prior size "
@@ -136,17 +130,7 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="rewrite a run's report.md, summary.json and figures")
     report.add_argument("run_dir", type=Path)
     report.set_defaults(func=lambda args: report_command(args, report))
-    from nanospec_server.bench.analyses_cli import add_analysis_commands
-
     add_analysis_commands(sub)
-
-
-def default_dtype() -> str:
-    """What `nanospec serve` runs real models in here: float32 on a CPU without native bf16
-    (``host.cpu_default_dtype``), else the checkpoints' bfloat16."""
-    from nanospec_server import host
-
-    return "bfloat16" if host.has_cuda() else host.cpu_default_dtype() or "bfloat16"
 
 
 def shipped_eagle_head() -> Path:

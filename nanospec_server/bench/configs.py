@@ -18,10 +18,12 @@ configuration, which the server would refuse.
 
 from __future__ import annotations
 
+import argparse
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanospec_server import host
 from nanospec_server.launch.server import speculative_flags
 
 AR = "ar"
@@ -186,3 +188,17 @@ def build_token_maps(
             build_token_map(tokenizer_dir, corpus, min(k, vocab_size), path)
         maps[k] = path
     return maps
+
+
+def size_arg(text: str) -> int:
+    """A size flag's argparse type: 32k or 512."""
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 32k or 512, got {text!r}") from None
+
+
+def default_dtype() -> str:
+    """What `nanospec serve` runs real models in here: float32 on a CPU without native bf16
+    (``host.cpu_default_dtype``), else the checkpoints' bfloat16."""
+    return "bfloat16" if host.has_cuda() else host.cpu_default_dtype() or "bfloat16"
