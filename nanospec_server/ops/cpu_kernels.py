@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from nanospec_server.env import cache as cache_env
-from nanospec_server.ops import w_max_per_row
 from nanospec_server.ops.build import KERNEL_DIR
+from nanospec_server.ops.w_max import w_max_per_row
 
 SOURCE = KERNEL_DIR / "vocab_cpu.cpp"
 
