@@ -13,8 +13,8 @@ from nanospec_server import env
 from nanospec_server.admin.cli import add_admin_commands
 from nanospec_server.bench.cli import add_bench_command
 from nanospec_server.config import DEFAULT_HISTORY, Mode, NanoSpecConfig
-from nanospec_server.models.cli import add_models_commands
 from nanospec_server.models.errors import ModelPrepareError
+from nanospec_server.models_cli import add_models_commands
 from nanospec_server.train.cli import add_train_command
 from nanospec_server.vocab_tools.trim_cli import add_vocab_commands
 

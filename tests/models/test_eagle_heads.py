@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from nanospec_server.models.cli import main as models_main
 from nanospec_server.models.eagle_heads import (
     HEADS,
     get_head_spec,
@@ -17,6 +16,7 @@ from nanospec_server.models.eagle_heads import (
     is_ready,
     prepare_head,
 )
+from nanospec_server.models_cli import main as models_main
 
 
 def test_committed_heads_are_complete_sglang_eagle_checkpoints() -> None:
