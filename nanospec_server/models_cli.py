@@ -14,11 +14,11 @@ from nanospec_server.models.eagle_heads import (
     get_head_spec,
     head_dir,
     is_ready,
-    prepare_head,
 )
 from nanospec_server.models.errors import ModelPrepareError
 from nanospec_server.models.paths import disk_usage_bytes
 from nanospec_server.models.registry import UnknownModelError, get_model_spec, model_names
+from nanospec_server.train.on_demand import prepare_head
 
 
 def add_models_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
