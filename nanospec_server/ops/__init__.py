@@ -1,8 +1,8 @@
 """Device ops behind plain function names.
 
 CUDA tensors use Triton (``scatter_rows`` first tries the CUDA C++ extension built from
-``kernels/`` on first use), falling back to the torch reference (``reference.py``) where
-neither is available. CPU tensors use the C++ loops of ``kernels/vocab_cpu.cpp`` where
+``ops/kernels/`` on first use), falling back to the torch reference (``reference.py``) where
+neither is available. CPU tensors use the C++ loops of ``ops/kernels/vocab_cpu.cpp`` where
 they apply, else the reference.
 ``NANOSPEC_OPS=reference|cpu|triton|cuda`` allows only that backend (plus the reference).
 """

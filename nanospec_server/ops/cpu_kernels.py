@@ -1,4 +1,4 @@
-"""The CPU fast path (``kernels/vocab_cpu.cpp``), built with the system C++ compiler.
+"""The CPU fast path (``ops/kernels/vocab_cpu.cpp``), built with the system C++ compiler.
 
 The source has no torch headers, so it builds in about a second; the shared library is
 cached by source hash under ``$NANOSPEC_CACHE`` (default ``~/.cache/nanospec``) and called
