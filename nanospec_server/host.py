@@ -98,6 +98,7 @@ def bind_cpu_ranks(ranks: int) -> None:
 
 
 def has_cuda() -> bool:
+    # deferred: imports torch only when called
     import torch
 
     return torch.cuda.is_available()
@@ -114,6 +115,7 @@ def prepare_cpu_environment() -> bool:
 
 
 def cpu_has_fast_bf16() -> bool:
+    # deferred: imports torch only when called
     import torch
 
     return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()

@@ -52,6 +52,7 @@ def check_admin_key(configured: str | None, presented: str | None) -> str:
 
 def require_admin(request: Request) -> str:
     """FastAPI dependency for mutating routes; returns the caller's key id."""
+    # deferred: imports SGLang only when called
     from sglang.srt.runtime_context import get_serving
 
     return check_admin_key(get_serving().admin_api_key, presented_key(request))

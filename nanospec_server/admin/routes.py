@@ -72,6 +72,7 @@ def w_max_problem(w_max: Any, w_cap: int) -> str | None:
 
 async def _scheduler_states() -> list[dict[str, Any]]:
     """One published state per DP rank."""
+    # deferred: imports SGLang only when called
     from sglang.srt.entrypoints.http_server import _global_state
 
     states = await _global_state.tokenizer_manager.get_internal_state()
@@ -82,6 +83,7 @@ async def _scheduler_states() -> list[dict[str, Any]]:
 
 
 async def _push_settings(changes: dict[str, int], key_id: str) -> None:
+    # deferred: imports SGLang only when called
     from sglang.srt.entrypoints.http_server import _global_state
     from sglang.srt.managers.io_struct import SetInternalStateReq
 

@@ -4,19 +4,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from nanospec_server.arg_types import positive_int
-from nanospec_server.bench.configs import default_dtype, size_arg
-from nanospec_server.bench.provenance import bench_root
+from nanospec_server.bench.api import _model_dir
+from nanospec_server.bench.configs import default_dtype, default_token_map_corpus, size_arg
+from nanospec_server.bench.data import TASKS, DataError, load_specbench, load_tasks, specbench_path
+from nanospec_server.bench.provenance import bench_root, command_line, provenance
 
 W_SWEEP = [256, 512, 1024, 2048, 3072, 4096, 8192]
 K_SWEEP = [512, 1024, 2048, 4096, 8192, 16384, 32768]
 
 
 def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
-    from nanospec_server.bench.data import TASKS
-
     cov = sub.add_parser("coverage", help="Figure 1b offline: coverage vs vocabulary size, "
                                           "static top-k vs NanoSpec, and |I| over a generation")  # fmt: skip
     cov.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="name or directory")
@@ -56,10 +57,9 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
 
 def _load(name: str, tiny: bool):
     """A model in the dtype `nanospec serve` would run it in on this host."""
+    # deferred: imports torch, transformers only when called
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from nanospec_server.bench.api import _model_dir
 
     path = _model_dir(name, tiny)
     dtype = torch.float32 if tiny else getattr(torch, default_dtype())
@@ -68,12 +68,10 @@ def _load(name: str, tiny: bool):
 
 
 def coverage_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    # deferred: imports torch only when called
     import torch
 
     from nanospec_server.bench import coverage as cov
-    from nanospec_server.bench.configs import default_token_map_corpus
-    from nanospec_server.bench.data import DataError, load_tasks
-    from nanospec_server.bench.provenance import provenance
     from nanospec_server.vocab_tools.replay import Sequence, target_topk
     from nanospec_server.vocab_tools.token_map import corpus_texts, top_k_token_ids
 
@@ -115,13 +113,10 @@ def coverage_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 
 
 def latency_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    import json
-
+    # deferred: imports torch only when called
     import torch
 
     from nanospec_server.bench import latency
-    from nanospec_server.bench.data import DataError, load_specbench, specbench_path
-    from nanospec_server.bench.provenance import command_line, provenance
 
     torch.set_num_threads(1)
     draft = args.draft

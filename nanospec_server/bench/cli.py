@@ -19,9 +19,15 @@ import json
 import sys
 from pathlib import Path
 
+from nanospec_server import host
 from nanospec_server.arg_types import non_negative_int, positive_int
 from nanospec_server.bench.analyses_cli import add_analysis_commands
+from nanospec_server.bench.api import ANALYSES, BenchSettings, run_bench
 from nanospec_server.bench.configs import MODES, default_dtype, size_arg
+from nanospec_server.bench.data import TASKS, DataError
+from nanospec_server.bench.report import write_report
+from nanospec_server.bench.store import RunMismatch
+from nanospec_server.models.eagle_heads import get_head_spec, head_dir
 
 # Three configurations (ar, full, nanospec), the five tasks with short prompts: summarization
 # and RAG prompts run to ~750 tokens, one to two minutes of prefill each for a CPU's 1.5B target.
@@ -54,9 +60,6 @@ def _shape(text: str) -> tuple[int, int, int]:
 
 
 def add_bench_command(commands: argparse._SubParsersAction) -> None:
-    from nanospec_server.bench.api import ANALYSES
-    from nanospec_server.bench.data import TASKS
-
     bench = commands.add_parser("bench", help="benchmark configurations side by side, analyses",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -134,15 +137,10 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
 
 
 def shipped_eagle_head() -> Path:
-    from nanospec_server.models.eagle_heads import get_head_spec, head_dir
-
     return head_dir(get_head_spec("qwen2.5-coder-0.5b-instruct-eagle"))
 
 
 def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    from nanospec_server import host
-    from nanospec_server.bench.api import ANALYSES, BenchSettings
-
     on_gpu = host.has_cuda()
     values: dict = {"max_new_tokens": 1024 if on_gpu else 64, "dtype": default_dtype()}
     values |= ANALYSES[args.analysis]
@@ -187,10 +185,6 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from nanospec_server.bench.api import run_bench
-    from nanospec_server.bench.data import DataError
-    from nanospec_server.bench.store import RunMismatch
-
     settings = settings_from(args, parser)
     try:
         run_dir = run_bench(settings, args.out)
@@ -213,8 +207,6 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 
 def report_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from nanospec_server.bench.report import write_report
-
     if not (args.run_dir / "run.json").is_file():
         parser.error(f"run_dir: {args.run_dir} holds no run (no run.json)")
     print(write_report(args.run_dir).read_text())

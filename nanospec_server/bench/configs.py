@@ -89,6 +89,7 @@ def parse_size(text: str) -> int:
 
 def d2t_size(head_dir: Path) -> int | None:
     """|D| of an EAGLE-3 head with a pruned vocabulary (its ``d2t`` buffer), else None."""
+    # deferred: imports safetensors only when called
     from safetensors import safe_open
 
     for file in sorted(Path(head_dir).glob("*.safetensors")):
@@ -169,6 +170,7 @@ def full_vocab_reference(configs: list[BenchConfig], config: BenchConfig) -> str
 def default_token_map_corpus() -> list[Path]:
     """Text that is not the benchmark: Python's standard library sources and the tiny
     models' English corpus (both on every install, offline)."""
+    # deferred: imports torch only when called
     from nanospec_server.models.tiny.tokenizer import CORPUS_PATH
 
     stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:300]
@@ -179,6 +181,7 @@ def build_token_maps(
     tokenizer_dir: Path, ks: list[int], vocab_size: int, out_dir: Path, corpus: list[Path]
 ) -> dict[int, Path]:
     """One FR-Spec token map per k (k capped at the vocabulary), cached in ``out_dir``."""
+    # deferred: imports torch only when called
     from nanospec_server.vocab_tools.token_map import build_token_map
 
     maps = {}

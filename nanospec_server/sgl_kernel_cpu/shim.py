@@ -74,6 +74,7 @@ def real_sgl_kernel_loads() -> bool:
 
 def _cuda_available() -> bool:
     try:
+        # deferred: imports torch only when called
         import torch
     except ImportError:
         return False
