@@ -26,8 +26,9 @@ from transformers import AutoTokenizer
 
 from nanospec_server.admin.auth import ADMIN_KEY_HEADER
 from nanospec_server.bench.cli import shipped_eagle_head
-from nanospec_server.bench.data import encode_chat, load_tasks
+from nanospec_server.bench.data import load_tasks
 from nanospec_server.launch.server import generate, running_servers, speculative_flags
+from nanospec_server.models.chat import encode_chat
 from nanospec_server.models.paths import model_paths
 
 ADMIN_KEY = "adaptive-probe-admin-key-0123456789"

@@ -23,8 +23,9 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from nanospec_server import host
-from nanospec_server.bench.data import encode_chat, load_tasks
+from nanospec_server.bench.data import load_tasks
 from nanospec_server.launch.server import generate, running_server, speculative_flags
+from nanospec_server.models.chat import encode_chat
 from nanospec_server.models.eagle_heads import get_head_spec, head_dir
 from nanospec_server.models.prepare import prepare_model
 

@@ -37,17 +37,17 @@ DEFAULT_STREAMS = Path.home() / ".cache/nanospec-server/streams/specbench.jsonl"
 
 def record(args: argparse.Namespace) -> int:
     from nanospec_server.bench.specbench import spec_bench_prompts
+    from nanospec_server.env import RECORD_STREAMS
     from nanospec_server.launch import server
     from nanospec_server.launch.server import generate, running_server
     from nanospec_server.models.defaults import default_serve_argv
-    from nanospec_server.sglang_plugin.stats.stream_recorder import RECORD_ENV
 
     args.streams.parent.mkdir(parents=True, exist_ok=True)
     args.streams.unlink(missing_ok=True)
     flags = default_serve_argv() + ["--max-total-tokens", "16384"]
     target = Path(flags[flags.index("--model-path") + 1])
     prompts = spec_bench_prompts(target, args.prompts)
-    os.environ[RECORD_ENV] = str(args.streams)  # the server's scheduler inherits it
+    os.environ[RECORD_STREAMS] = str(args.streams)  # the server's scheduler inherits it
     server.START_TIMEOUT_S = args.start_timeout  # a loaded CPU host loads slowly
     log = Path(tempfile.mkdtemp()) / "record.log"
     print(f"server log: {log}")

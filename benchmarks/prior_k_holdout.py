@@ -21,12 +21,12 @@ import torch
 
 
 def main() -> None:
-    from nanospec_server.bench.coverage import generate_outputs, target_topk
+    from nanospec_server.bench.coverage import generate_outputs
     from nanospec_server.bench.data import load_tasks
-    from nanospec_server.bench.prior_tune import HeadTimer, PriorProblem
-    from nanospec_server.bench.replay import Sequence
-    from nanospec_server.models.prior import ranked_tokens
     from nanospec_server.train.target import load_target, load_tokenizer, resolve_target
+    from nanospec_server.vocab_tools.prior import ranked_tokens
+    from nanospec_server.vocab_tools.prior_tune import HeadTimer, PriorProblem
+    from nanospec_server.vocab_tools.replay import Sequence, target_topk
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")

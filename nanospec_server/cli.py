@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from nanospec_server.admin.auth import ADMIN_KEY_ENV, ADMIN_KEY_FILE_ENV
+from nanospec_server import engine_watch, env, host
 from nanospec_server.admin.cli import add_admin_commands
 from nanospec_server.bench.cli import add_bench_command
-from nanospec_server.config import CONFIG_ENV, DEFAULT_HISTORY, HISTORY_ENV, Mode, NanoSpecConfig
-from nanospec_server.models.cli import add_models_commands
+from nanospec_server.config import DEFAULT_HISTORY, Mode, NanoSpecConfig
+from nanospec_server.models import defaults
 from nanospec_server.models.errors import ModelPrepareError
-from nanospec_server.models.trim_cli import add_vocab_commands
+from nanospec_server.models.served_name import served_name
+from nanospec_server.models_cli import add_models_commands
+from nanospec_server.sglang_plugin.entry import listening_here
 from nanospec_server.train.cli import add_train_command
+from nanospec_server.vocab_tools.token_map import build_token_map
+from nanospec_server.vocab_tools.trim_cli import add_vocab_commands
 
 UVICORN_STARTUP_FAILURE = 3  # uvicorn's exit code when it cannot start, e.g. bind the port
 
@@ -112,7 +117,6 @@ def build_token_map_command(args: argparse.Namespace, parser: argparse.ArgumentP
     missing = [str(p) for p in args.corpus if not p.is_file()]
     if missing:
         parser.error(f"--corpus: no such file: {', '.join(missing)}")
-    from nanospec_server.models.token_map import build_token_map
 
     count = build_token_map(args.tokenizer, args.corpus, args.top_k, args.output)
     print(f"nanospec: wrote {count} token ids to {args.output}")
@@ -191,22 +195,19 @@ def _check_extend_flags(args: argparse.Namespace, parser: argparse.ArgumentParse
 
 def _admin_key_from_env(parser: argparse.ArgumentParser) -> str | None:
     """$NANOSPEC_ADMIN_KEY, or the file $NANOSPEC_ADMIN_KEY_FILE names (a Docker secret)."""
-    key_file = os.environ.get(ADMIN_KEY_FILE_ENV)
-    if os.environ.get(ADMIN_KEY_ENV) or not key_file:
-        return os.environ.get(ADMIN_KEY_ENV)
+    key_file = env.admin_key_file()
+    if env.admin_key() or not key_file:
+        return env.admin_key()
     try:
         key = Path(key_file).read_text().strip()
     except OSError as error:
-        parser.error(f"{ADMIN_KEY_FILE_ENV}: cannot read {key_file}: {error.strerror}")
+        parser.error(f"{env.ADMIN_KEY_FILE}: cannot read {key_file}: {error.strerror}")
     if not key:
-        parser.error(f"{ADMIN_KEY_FILE_ENV}: {key_file} is empty")
+        parser.error(f"{env.ADMIN_KEY_FILE}: {key_file} is empty")
     return key
 
 
 def _default_prior_k(args: argparse.Namespace, sglang_argv: list[str]) -> int:
-    from nanospec_server import host
-    from nanospec_server.models import defaults
-
     embedded = _flag_value(sglang_argv, "--model-path") is None and not args.tiny
     return defaults.DEFAULT_CPU_PRIOR_K if embedded and not host.has_cuda() else 0
 
@@ -219,13 +220,11 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
     _check_extend_flags(args, parser)
     if args.nanospec_stats_history < 1:
         parser.error("--nanospec-stats-history: must be at least 1")
-    os.environ[HISTORY_ENV] = str(args.nanospec_stats_history)
+    os.environ[env.STATS_HISTORY] = str(args.nanospec_stats_history)
     admin_key = _admin_key_from_env(parser)
     if admin_key and _flag_value(sglang_argv, "--admin-api-key") is None:
         # From the environment (Docker secrets, compose), so it never shows in `ps`.
         sglang_argv = sglang_argv + ["--admin-api-key", admin_key]
-
-    from nanospec_server import host
 
     on_cpu = not host.has_cuda()
     if on_cpu:
@@ -237,8 +236,6 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
             # graphs are off, and a CPU attention backend has none.
             sglang_argv = sglang_argv + ["--disable-cuda-graph"]
     if _flag_value(sglang_argv, "--model-path") is None:
-        from nanospec_server.models import defaults
-
         try:
             embedded = defaults.tiny_serve_argv() if args.tiny else defaults.default_serve_argv()
         except ModelPrepareError as error:
@@ -249,12 +246,10 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
             )
         sglang_argv = embedded + sglang_argv
     if _flag_value(sglang_argv, "--served-model-name") is None:
-        from nanospec_server.models.served_name import served_name
-
         name = served_name(_flag_value(sglang_argv, "--model-path"))
         if name is not None:
             sglang_argv = sglang_argv + ["--served-model-name", name]
-    os.environ[CONFIG_ENV] = config.to_env()
+    os.environ[env.CONFIG] = config.to_env()
 
     # SGLang is imported only now, after the environment its platform detection reads.
     from sglang.srt.entrypoints.http_server import launch_server
@@ -272,7 +267,6 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
     if on_cpu:
         host.bind_cpu_ranks(server_args.tp_size * server_args.dp_size * server_args.pp_size)
     host.redact_from_logs(server_args.admin_api_key, server_args.api_key)
-    from nanospec_server import engine_watch
 
     url = f"http://{server_args.host}:{server_args.port}"
     print(f"nanospec: starting {server_args.model_path} ({config.mode.value})", flush=True)
@@ -301,8 +295,6 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
 def _port_free(host: str, port: int) -> bool:
     """Can a server bind ``host:port`` now? Checked before minutes of model loading; the
     bind itself can still lose a race, which uvicorn reports (see ``serve``)."""
-    import socket
-
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -316,8 +308,6 @@ def _port_free(host: str, port: int) -> bool:
 def _announce(url: str, port: int) -> None:
     """SGLang's launch callback: "ready" only once this process serves the port (a client
     polling it could otherwise be answered by whoever else took the port)."""
-    from nanospec_server.sglang_plugin.entry import listening_here
-
     if listening_here(port):
         print(f"nanospec: ready at {url}", flush=True)
 

@@ -7,13 +7,12 @@ and every process it spawns inherits the launcher's environment.
 
 from __future__ import annotations
 
-import os
 from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-CONFIG_ENV = "NANOSPEC_CONFIG"
-HISTORY_ENV = "NANOSPEC_STATS_HISTORY"  # finished requests /stats/vocab keeps per DP rank
+from nanospec_server.env import config_json
+
 DEFAULT_HISTORY = 1024
 
 
@@ -55,7 +54,7 @@ class NanoSpecConfig(BaseModel):
         None, ge=1, description="rows of the packed draft head (default: 8 full windows)"
     )
     # Hybrid vocabulary: I ∪ P, P = the prior_k most frequent tokens of a fixed corpus
-    # (models/prior.py), pinned like EOS; 0 is the paper's method.
+    # (vocab_tools/prior.py), pinned like EOS; 0 is the paper's method.
     prior_k: int = Field(0, ge=0, description="static prior tokens added to every active set")
     # Adaptive speculation (sglang_plugin/spec/adaptive.py): each step's draft depth, 0 to the
     # launch's, from the batch size, the measured acceptance and a per-host cost model.
@@ -84,5 +83,5 @@ class NanoSpecConfig(BaseModel):
 
     @classmethod
     def from_env(cls) -> NanoSpecConfig:
-        raw = os.environ.get(CONFIG_ENV)
+        raw = config_json()
         return cls.model_validate_json(raw) if raw else cls()

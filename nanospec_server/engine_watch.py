@@ -53,6 +53,7 @@ def stop(reasons: list[str]) -> None:
         file=sys.stderr,
         flush=True,
     )
+    # deferred: imports SGLang only when called
     from sglang.srt.utils import kill_process_tree
 
     kill_process_tree(os.getpid(), include_parent=False)

@@ -11,6 +11,9 @@ import glob
 import logging
 import os
 
+from nanospec_server.env import cpu_threads
+from nanospec_server.sgl_kernel_cpu.shim import activate_shim, needs_shim
+
 # Flags that route SGLang's CPU path through attention ops our stand-in provides.
 # `torch_native` alone refuses EAGLE; the split prefill/decode flags survive the AMX check.
 CPU_SERVER_FLAGS: dict[str, str] = {
@@ -39,7 +42,6 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
 # Intra-op threads of the scheduler (the process that runs the models); the tokenizer,
 # detokenizer and HTTP processes keep OMP_NUM_THREADS=1. SGLang binds threads itself
 # (SGLANG_CPU_OMP_THREADS_BIND) only on AMX and arm64 hosts through its real sgl_kernel.
-CPU_THREADS_ENV = "NANOSPEC_CPU_THREADS"
 
 
 def usable_cores() -> int:
@@ -61,8 +63,8 @@ def default_cpu_threads(cores: int) -> int:
 def scheduler_cpu_threads(ranks: int = 1) -> int:
     """$NANOSPEC_CPU_THREADS, else the default for this host's cores shared by the
     ``ranks`` scheduler processes (tensor- and data-parallel ranks), at least one each."""
-    value = os.environ.get(CPU_THREADS_ENV)
-    return int(value) if value else max(default_cpu_threads(usable_cores()) // ranks, 1)
+    value = cpu_threads()
+    return value if value is not None else max(default_cpu_threads(usable_cores()) // ranks, 1)
 
 
 # SGLang's CPU thread binder: one "|"-separated core list per rank (dp x tp x pp).
@@ -95,6 +97,7 @@ def bind_cpu_ranks(ranks: int) -> None:
 
 
 def has_cuda() -> bool:
+    # deferred: imports torch only when called
     import torch
 
     return torch.cuda.is_available()
@@ -105,14 +108,13 @@ def prepare_cpu_environment() -> bool:
 
     Returns whether the stand-in was activated (False when a real sgl_kernel loads).
     """
-    from nanospec_server.sgl_kernel_cpu.shim import activate_shim
-
     for name, value in CPU_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
     return activate_shim()
 
 
 def cpu_has_fast_bf16() -> bool:
+    # deferred: imports torch only when called
     import torch
 
     return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
@@ -132,8 +134,7 @@ def bitwise_lossless(dtype: str) -> bool:
     through our stand-in and packed linears, yes: every op on the target's path computes a
     position the same way in a decode, a verify and any prefill chunk (docs/cpu.md,
     "Exactness")."""
-    from nanospec_server.sgl_kernel_cpu.shim import needs_shim
-    from nanospec_server.sglang_plugin.cpu.linear import enabled as packed_linears
+    from nanospec_server.ops.packed_linear import enabled as packed_linears  # deferred: torch
 
     if has_cuda() or dtype != "float32" or not packed_linears():
         return False

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from nanospec_server.host import CPU_THREADS_ENV, default_cpu_threads, scheduler_cpu_threads
+from nanospec_server.env import CPU_THREADS
+from nanospec_server.host import default_cpu_threads, scheduler_cpu_threads
 
 
 def test_small_hosts_use_every_core_large_ones_leave_two() -> None:
@@ -12,7 +13,7 @@ def test_small_hosts_use_every_core_large_ones_leave_two() -> None:
 
 
 def test_environment_overrides_the_default(monkeypatch) -> None:
-    monkeypatch.setenv(CPU_THREADS_ENV, "3")
+    monkeypatch.setenv(CPU_THREADS, "3")
     assert scheduler_cpu_threads() == 3
 
 
@@ -88,7 +89,7 @@ def test_tp_ranks_get_their_own_cores(monkeypatch) -> None:
 
 
 def test_scheduler_threads_are_shared_by_the_ranks(monkeypatch) -> None:
-    monkeypatch.delenv(CPU_THREADS_ENV, raising=False)
+    monkeypatch.delenv(CPU_THREADS, raising=False)
     monkeypatch.setattr("nanospec_server.host.usable_cores", lambda: 8)
     assert scheduler_cpu_threads(1) == 6
     assert scheduler_cpu_threads(2) == 3

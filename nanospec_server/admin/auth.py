@@ -13,8 +13,8 @@ import secrets
 
 from fastapi import HTTPException, Request
 
-ADMIN_KEY_ENV = "NANOSPEC_ADMIN_KEY"  # `nanospec serve` turns it into --admin-api-key
-ADMIN_KEY_FILE_ENV = "NANOSPEC_ADMIN_KEY_FILE"  # or reads the key from this file
+from nanospec_server.env import ADMIN_KEY
+
 ADMIN_KEY_HEADER = "X-Admin-Key"
 
 
@@ -37,7 +37,7 @@ def check_admin_key(configured: str | None, presented: str | None) -> str:
         raise HTTPException(
             403,
             "settings changes need an admin key: start the server with --admin-api-key "
-            f"(or {ADMIN_KEY_ENV})",
+            f"(or {ADMIN_KEY})",
         )
     if presented is None:
         raise HTTPException(
@@ -52,6 +52,7 @@ def check_admin_key(configured: str | None, presented: str | None) -> str:
 
 def require_admin(request: Request) -> str:
     """FastAPI dependency for mutating routes; returns the caller's key id."""
+    # deferred: imports SGLang only when called
     from sglang.srt.runtime_context import get_serving
 
     return check_admin_key(get_serving().admin_api_key, presented_key(request))

@@ -11,7 +11,6 @@ runner in `args.func`.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from datetime import datetime
@@ -19,10 +18,10 @@ from functools import partial
 
 import requests
 
-from nanospec_server.admin.auth import ADMIN_KEY_ENV, ADMIN_KEY_HEADER
+from nanospec_server import env
+from nanospec_server.admin.auth import ADMIN_KEY_HEADER
 from nanospec_server.admin.fleet import FleetStats, fetch_fleet, worker_label, worker_urls
 
-URL_ENV = "NANOSPEC_URL"
 DEFAULT_URL = "http://127.0.0.1:30000"
 SETTINGS = ("w_max", "k_pre", "k_ver", "adaptive")
 SWITCH_VALUES = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
@@ -37,7 +36,7 @@ def _add_url(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url", action="append", metavar="URL",
         help=f"server URL; repeat it or give a comma list for several workers "
-        f"(default: ${URL_ENV} or {DEFAULT_URL})",
+        f"(default: ${env.URL} or {DEFAULT_URL})",
     )  # fmt: skip
 
 
@@ -66,15 +65,15 @@ def add_admin_commands(subparsers: argparse._SubParsersAction) -> None:
     put.add_argument("value", help="its new value (adaptive: on or off)")
     _add_url(put)
     put.add_argument(
-        "--admin-key", default=os.environ.get(ADMIN_KEY_ENV),
-        help=f"the server's --admin-api-key (default: ${ADMIN_KEY_ENV})",
+        "--admin-key", default=env.admin_key(),
+        help=f"the server's --admin-api-key (default: ${env.ADMIN_KEY})",
     )  # fmt: skip
     put.set_defaults(func=run_config)
 
 
 def _urls(args: argparse.Namespace) -> list[str]:
     try:
-        return worker_urls(args.url or [os.environ.get(URL_ENV, DEFAULT_URL)])
+        return worker_urls(args.url or [env.url() or DEFAULT_URL])
     except ValueError as error:
         raise AdminError(f"--url: {error}") from error
 
@@ -145,7 +144,7 @@ def _config(args: argparse.Namespace) -> None:
     if args.config_command == "set":
         body = {args.key: setting_value(args.key, args.value)}  # a bad value first, as before
         if not args.admin_key:
-            raise AdminError(f"--admin-key: required to change settings (or set ${ADMIN_KEY_ENV})")
+            raise AdminError(f"--admin-key: required to change settings (or set ${env.ADMIN_KEY})")
     # Every worker is read first, so that a fleet with one worker down changes none.
     settings = {url: _call("GET", url, "/nanospec/settings") for url in urls}
     if body is not None:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nanospec_server.adaptive.live import live_change_problem
 from nanospec_server.admin.auth import require_admin
+from nanospec_server.admin.state_channel import STATE_KEY, settings_request
 from nanospec_server.admin.stats_models import RequestEntry, RequestState, VocabStats, vocab_stats
 from nanospec_server.config import NanoSpecConfig
 
@@ -71,9 +72,8 @@ def w_max_problem(w_max: Any, w_cap: int) -> str | None:
 
 async def _scheduler_states() -> list[dict[str, Any]]:
     """One published state per DP rank."""
+    # deferred: imports SGLang only when called
     from sglang.srt.entrypoints.http_server import _global_state
-
-    from nanospec_server.sglang_plugin.stats.live_settings import STATE_KEY
 
     states = await _global_state.tokenizer_manager.get_internal_state()
     ranks = [state[STATE_KEY] for state in states if STATE_KEY in state]
@@ -83,10 +83,9 @@ async def _scheduler_states() -> list[dict[str, Any]]:
 
 
 async def _push_settings(changes: dict[str, int], key_id: str) -> None:
+    # deferred: imports SGLang only when called
     from sglang.srt.entrypoints.http_server import _global_state
     from sglang.srt.managers.io_struct import SetInternalStateReq
-
-    from nanospec_server.sglang_plugin.stats.live_settings import settings_request
 
     request = SetInternalStateReq(server_args=settings_request(changes, key_id))
     updated = await _global_state.tokenizer_manager.set_internal_state(request)

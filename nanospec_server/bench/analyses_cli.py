@@ -4,19 +4,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from nanospec_server.arg_types import positive_int
-from nanospec_server.bench.cli import _size, default_dtype
-from nanospec_server.bench.provenance import bench_root
+from nanospec_server.bench.api import _model_dir
+from nanospec_server.bench.configs import default_dtype, default_token_map_corpus, size_arg
+from nanospec_server.bench.data import TASKS, DataError, load_specbench, load_tasks, specbench_path
+from nanospec_server.bench.provenance import bench_root, command_line, provenance
 
 W_SWEEP = [256, 512, 1024, 2048, 3072, 4096, 8192]
 K_SWEEP = [512, 1024, 2048, 4096, 8192, 16384, 32768]
 
 
 def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
-    from nanospec_server.bench.data import TASKS
-
     cov = sub.add_parser("coverage", help="Figure 1b offline: coverage vs vocabulary size, "
                                           "static top-k vs NanoSpec, and |I| over a generation")  # fmt: skip
     cov.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="name or directory")
@@ -29,7 +30,7 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
         "--max-new-tokens", type=positive_int, default=128, help="when generating here"
     )
     cov.add_argument("--w-max", nargs="+", type=positive_int, default=W_SWEEP)
-    cov.add_argument("--static-k", nargs="+", type=_size, default=K_SWEEP)
+    cov.add_argument("--static-k", nargs="+", type=size_arg, default=K_SWEEP)
     cov.add_argument("--step-tokens", type=positive_int, default=3,
                      help="tokens emitted per replayed step (an acceptance length)")  # fmt: skip
     cov.add_argument(
@@ -45,7 +46,7 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
                           "whose embedding and LM head the head shares")  # fmt: skip
     lat.add_argument("--eagle", type=Path, help="time this EAGLE head's draft step instead")
     lat.add_argument("--w-max", type=positive_int, default=3072)
-    lat.add_argument("--static-k", type=_size, default=32768)
+    lat.add_argument("--static-k", type=size_arg, default=32768)
     lat.add_argument("--steps", type=positive_int, default=30)
     lat.add_argument("--context", type=positive_int, default=512, help="KV-cache tokens")
     lat.add_argument("--specbench", help="Spec-Bench question.jsonl (the text of the stream)")
@@ -56,10 +57,9 @@ def add_analysis_commands(sub: argparse._SubParsersAction) -> None:
 
 def _load(name: str, tiny: bool):
     """A model in the dtype `nanospec serve` would run it in on this host."""
+    # deferred: imports torch, transformers only when called
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from nanospec_server.bench.api import _model_dir
 
     path = _model_dir(name, tiny)
     dtype = torch.float32 if tiny else getattr(torch, default_dtype())
@@ -68,14 +68,12 @@ def _load(name: str, tiny: bool):
 
 
 def coverage_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    # deferred: imports torch only when called
     import torch
 
     from nanospec_server.bench import coverage as cov
-    from nanospec_server.bench.configs import default_token_map_corpus
-    from nanospec_server.bench.data import DataError, load_tasks
-    from nanospec_server.bench.provenance import provenance
-    from nanospec_server.bench.replay import Sequence
-    from nanospec_server.models.token_map import corpus_texts, top_k_token_ids
+    from nanospec_server.vocab_tools.replay import Sequence, target_topk
+    from nanospec_server.vocab_tools.token_map import corpus_texts, top_k_token_ids
 
     torch.set_num_threads(1)
     if args.from_run and not (args.from_run / "records.jsonl").is_file():
@@ -93,7 +91,7 @@ def coverage_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         except DataError as error:
             parser.error(f"--specbench: {error}")
         raw = cov.generate_outputs(model, tokenizer, prompts, args.max_new_tokens)
-    sequences = [Sequence(ids, out, cov.target_topk(model, ids + out, 3), task)
+    sequences = [Sequence(ids, out, target_topk(model, ids + out, 3), task)
                  for _, task, ids, out in raw if out]  # fmt: skip
     vocab_size = model.lm_head.weight.shape[0]
     corpus = [Path(p) for p in args.token_map_corpus or []] or default_token_map_corpus()
@@ -115,13 +113,10 @@ def coverage_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 
 
 def latency_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    import json
-
+    # deferred: imports torch only when called
     import torch
 
     from nanospec_server.bench import latency
-    from nanospec_server.bench.data import DataError, load_specbench, specbench_path
-    from nanospec_server.bench.provenance import command_line, provenance
 
     torch.set_num_threads(1)
     draft = args.draft

@@ -29,6 +29,7 @@ from nanospec_server.bench.report import write_report
 from nanospec_server.bench.runner import SideBySide
 from nanospec_server.bench.schedule import groups, plan
 from nanospec_server.bench.store import ResultStore
+from nanospec_server.models.prepare import prepare_model
 
 # The paper's analyses as configuration presets (Figure 1a, Figure 6, Table 5).
 ANALYSES = {
@@ -94,15 +95,16 @@ def _model_dir(name_or_path: str, tiny: bool) -> Path:
     if path.is_dir():
         return path
     if tiny:
+        # deferred: imports torch only when called
         from nanospec_server.models.tiny import tiny_model_path
 
         return tiny_model_path(name_or_path)
-    from nanospec_server.models.prepare import prepare_model
 
     return prepare_model(name_or_path)
 
 
 def run_bench(settings: BenchSettings, run_dir: Path | None = None) -> Path:
+    # deferred: imports transformers only when called
     from transformers import AutoTokenizer
 
     run_dir = run_dir or default_run_dir(settings)

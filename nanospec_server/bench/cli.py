@@ -19,8 +19,15 @@ import json
 import sys
 from pathlib import Path
 
+from nanospec_server import host
 from nanospec_server.arg_types import non_negative_int, positive_int
-from nanospec_server.bench.configs import MODES, parse_size
+from nanospec_server.bench.analyses_cli import add_analysis_commands
+from nanospec_server.bench.api import ANALYSES, BenchSettings, run_bench
+from nanospec_server.bench.configs import MODES, default_dtype, size_arg
+from nanospec_server.bench.data import TASKS, DataError
+from nanospec_server.bench.report import write_report
+from nanospec_server.bench.store import RunMismatch
+from nanospec_server.models.eagle_heads import get_head_spec, head_dir
 
 # Three configurations (ar, full, nanospec), the five tasks with short prompts: summarization
 # and RAG prompts run to ~750 tokens, one to two minutes of prefill each for a CPU's 1.5B target.
@@ -42,13 +49,6 @@ TINY = {"target": "agree-target", "eagle": ["agree-eagle"], "standalone": [],
         "dtype": "float32", "static_ks": [256], "max_total_tokens": 8192}  # fmt: skip
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 32k or 512, got {text!r}") from None
-
-
 def _shape(text: str) -> tuple[int, int, int]:
     try:
         shape = tuple(int(p) for p in text.split(","))
@@ -60,9 +60,6 @@ def _shape(text: str) -> tuple[int, int, int]:
 
 
 def add_bench_command(commands: argparse._SubParsersAction) -> None:
-    from nanospec_server.bench.api import ANALYSES
-    from nanospec_server.bench.data import TASKS
-
     bench = commands.add_parser("bench", help="benchmark configurations side by side, analyses",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -83,7 +80,7 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--modes", nargs="+", choices=MODES, help="draft modes (default: the preset's)"
     )
-    run.add_argument("--static-k", nargs="+", type=_size, help="FR-Spec sizes (default 32k)")
+    run.add_argument("--static-k", nargs="+", type=size_arg, help="FR-Spec sizes (default 32k)")
     run.add_argument("--w-max", nargs="+", type=positive_int, help="NanoSpec W_max values")
     run.add_argument("--prior-k", nargs="+", type=non_negative_int,
                      help="hybrid vocabulary: NanoSpec once per static prior size "
@@ -136,29 +133,14 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="rewrite a run's report.md, summary.json and figures")
     report.add_argument("run_dir", type=Path)
     report.set_defaults(func=lambda args: report_command(args, report))
-    from nanospec_server.bench.analyses_cli import add_analysis_commands
-
     add_analysis_commands(sub)
 
 
-def default_dtype() -> str:
-    """What `nanospec serve` runs real models in here: float32 on a CPU without native bf16
-    (``host.cpu_default_dtype``), else the checkpoints' bfloat16."""
-    from nanospec_server import host
-
-    return "bfloat16" if host.has_cuda() else host.cpu_default_dtype() or "bfloat16"
-
-
 def shipped_eagle_head() -> Path:
-    from nanospec_server.models.eagle_heads import get_head_spec, head_dir
-
     return head_dir(get_head_spec("qwen2.5-coder-0.5b-instruct-eagle"))
 
 
 def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    from nanospec_server import host
-    from nanospec_server.bench.api import ANALYSES, BenchSettings
-
     on_gpu = host.has_cuda()
     values: dict = {"max_new_tokens": 1024 if on_gpu else 64, "dtype": default_dtype()}
     values |= ANALYSES[args.analysis]
@@ -203,10 +185,6 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser):
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from nanospec_server.bench.api import run_bench
-    from nanospec_server.bench.data import DataError
-    from nanospec_server.bench.store import RunMismatch
-
     settings = settings_from(args, parser)
     try:
         run_dir = run_bench(settings, args.out)
@@ -229,8 +207,6 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 
 def report_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from nanospec_server.bench.report import write_report
-
     if not (args.run_dir / "run.json").is_file():
         parser.error(f"run_dir: {args.run_dir} holds no run (no run.json)")
     print(write_report(args.run_dir).read_text())

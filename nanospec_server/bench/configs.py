@@ -18,10 +18,12 @@ configuration, which the server would refuse.
 
 from __future__ import annotations
 
+import argparse
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanospec_server import host
 from nanospec_server.launch.server import speculative_flags
 
 AR = "ar"
@@ -87,6 +89,7 @@ def parse_size(text: str) -> int:
 
 def d2t_size(head_dir: Path) -> int | None:
     """|D| of an EAGLE-3 head with a pruned vocabulary (its ``d2t`` buffer), else None."""
+    # deferred: imports safetensors only when called
     from safetensors import safe_open
 
     for file in sorted(Path(head_dir).glob("*.safetensors")):
@@ -167,6 +170,7 @@ def full_vocab_reference(configs: list[BenchConfig], config: BenchConfig) -> str
 def default_token_map_corpus() -> list[Path]:
     """Text that is not the benchmark: Python's standard library sources and the tiny
     models' English corpus (both on every install, offline)."""
+    # deferred: imports torch only when called
     from nanospec_server.models.tiny.tokenizer import CORPUS_PATH
 
     stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:300]
@@ -177,7 +181,8 @@ def build_token_maps(
     tokenizer_dir: Path, ks: list[int], vocab_size: int, out_dir: Path, corpus: list[Path]
 ) -> dict[int, Path]:
     """One FR-Spec token map per k (k capped at the vocabulary), cached in ``out_dir``."""
-    from nanospec_server.models.token_map import build_token_map
+    # deferred: imports torch only when called
+    from nanospec_server.vocab_tools.token_map import build_token_map
 
     maps = {}
     for k in ks:
@@ -186,3 +191,17 @@ def build_token_maps(
             build_token_map(tokenizer_dir, corpus, min(k, vocab_size), path)
         maps[k] = path
     return maps
+
+
+def size_arg(text: str) -> int:
+    """A size flag's argparse type: 32k or 512."""
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 32k or 512, got {text!r}") from None
+
+
+def default_dtype() -> str:
+    """What `nanospec serve` runs real models in here: float32 on a CPU without native bf16
+    (``host.cpu_default_dtype``), else the checkpoints' bfloat16."""
+    return "bfloat16" if host.has_cuda() else host.cpu_default_dtype() or "bfloat16"

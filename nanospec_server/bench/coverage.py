@@ -14,19 +14,19 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from nanospec_server.bench.api import _model_dir
 from nanospec_server.bench.configs import size_label
-from nanospec_server.bench.data import BenchPrompt, encode_chat
-from nanospec_server.bench.replay import ReplayStats, Sequence, replay, static_coverage
-from nanospec_server.vocab import topk_tokens_in_chunks
+from nanospec_server.bench.data import BenchPrompt, load_tasks
+from nanospec_server.models.chat import encode_chat
+from nanospec_server.vocab_tools.replay import ReplayStats, Sequence, replay, static_coverage
 
 PAPER_COVERAGE = (0.73, 0.97)  # the paper's per-task range at its default W_max
 
 
 def outputs_from_run(run_dir: Path) -> list[tuple[str, str, list[int], list[int]]]:
     """(prompt id, task, input ids, output ids) of ``ar``'s first turns in a run."""
+    # deferred: imports transformers only when called
     from transformers import AutoTokenizer
-
-    from nanospec_server.bench.data import load_tasks
 
     info = json.loads((run_dir / "run.json").read_text())
     s = info["settings"]
@@ -47,8 +47,6 @@ def outputs_from_run(run_dir: Path) -> list[tuple[str, str, list[int], list[int]
 
 
 def _target_dir(settings: dict) -> str:
-    from nanospec_server.bench.api import _model_dir
-
     return str(_model_dir(settings["target"], settings.get("tiny", False)))
 
 
@@ -61,13 +59,6 @@ def generate_outputs(model, tokenizer, prompts: list[BenchPrompt], max_new_token
                                   do_sample=False, pad_token_id=tokenizer.eos_token_id)  # fmt: skip
         out.append((p.id, p.task, ids, full[0, len(ids) :].tolist()))
     return out
-
-
-def target_topk(model, ids: list[int], k: int) -> torch.Tensor:
-    """Top-k predictions at every position but the last: [len(ids) - 1, k]."""
-    with torch.no_grad():
-        hidden = model.model(torch.tensor([ids])).last_hidden_state[0, :-1]
-    return topk_tokens_in_chunks(hidden, model.lm_head.weight, k)
 
 
 def coverage_tables(
@@ -101,9 +92,11 @@ def evolution(seq: Sequence, vocab_size: int, w_max: int, step_tokens: int, eos)
 
 
 def write_outputs(out_dir: Path, result: dict, default_w: int) -> Path:
+    # deferred: imports matplotlib only when called
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: imports matplotlib only when called
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)

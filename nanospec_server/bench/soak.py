@@ -13,13 +13,14 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
 from nanospec_server.bench import clients
+from nanospec_server.bench.soak_checks import check
 from nanospec_server.bench.soak_plan import Ending, Job
+from nanospec_server.bench.soak_record import SoakRun
 from nanospec_server.launch import server_state
 from nanospec_server.launch.server import running_servers, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
@@ -38,22 +39,6 @@ def server_flags(history: int) -> dict[str, list[str]]:
     spec += ["--nanospec-w-max", str(W_MAX), "--nanospec-w-cap", str(W_CAP)]
     spec += ["--nanospec-stats-history", str(history), "--admin-api-key", ADMIN_KEY]
     return {"spec": target + spec, "plain": target}
-
-
-@dataclass
-class SoakRun:
-    """What the soak saw: each job's outcome (or error), W_max changes, memory samples."""
-
-    sent: list[Job] = field(default_factory=list)
-    outcomes: dict[str, clients.Outcome] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-    w_max_changes: list[int] = field(default_factory=list)  # HTTP status of each change
-    aborts_sent: int = 0
-    rss_warm: int | None = None  # scheduler RSS, idle once the warm-up requests ended
-    rss_samples: list[int] = field(default_factory=list)  # after warm-up, busy or not
-    rss_end: int | None = None  # idle at the end
-    wall_s: float = 0.0
-    stopped_by_deadline: bool = False
 
 
 def reference_outputs(url: str, jobs: list[Job], concurrency: int) -> dict[str, list[int]]:
@@ -186,8 +171,6 @@ def soak_with_servers(
 ):
     """Start the soaked server and its plain reference, take plain decoding's outputs,
     soak, and check (returns `soak_checks.Verdict`)."""
-    from nanospec_server.bench.soak_checks import check
-
     flags = server_flags(history=len(jobs) + 1)
     servers = {name: (args, log_dir / f"{name}.log") for name, args in flags.items()}
     with running_servers(servers) as urls:

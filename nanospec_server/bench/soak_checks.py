@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from nanospec_server.bench import clients
-from nanospec_server.bench.soak import SoakRun
+from nanospec_server.bench.soak_record import SoakRun
 from nanospec_server.launch.server_state import Held
 
 # The scheduler's RSS, idle, may grow by at most this much from the end of warm-up to the

@@ -6,14 +6,16 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from nanospec_server.env import specbench
+from nanospec_server.models.chat import encode_user_turns
 
 DEFAULT_PATH = Path(__file__).resolve().parents[3] / "shared/data/specbench/question.jsonl"
 
 
 def spec_bench_path() -> Path:
-    return Path(os.environ.get("NANOSPEC_SPECBENCH", DEFAULT_PATH))
+    return Path(raw if (raw := specbench()) is not None else DEFAULT_PATH)
 
 
 def first_turns(count: int, path: Path | None = None) -> list[str]:
@@ -32,8 +34,7 @@ def first_turns(count: int, path: Path | None = None) -> list[str]:
 
 def spec_bench_prompts(tokenizer_dir: Path, count: int) -> list[list[int]]:
     """``first_turns`` as token ids, wrapped in the target's chat template."""
+    # deferred: imports transformers only when called
     from transformers import AutoTokenizer
-
-    from nanospec_server.models.chat import encode_user_turns
 
     return encode_user_turns(AutoTokenizer.from_pretrained(str(tokenizer_dir)), first_turns(count))

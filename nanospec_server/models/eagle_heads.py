@@ -1,4 +1,5 @@
-"""EAGLE draft heads for the registry targets: committed when small, trained on demand otherwise.
+"""EAGLE draft heads for the registry targets: committed when small, trained on demand otherwise
+(``train/on_demand.py``).
 
 A head under 50 MB lives in ``models/heads/<name>/``; a larger one (the 1.5B target's is
 ~100 MB) is produced by ``nanospec train-eagle`` with the target's recipe the first time
@@ -41,21 +42,3 @@ def head_dir(spec: HeadSpec, root: Path | None = None) -> Path:
 
 def is_ready(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
-
-
-def prepare_head(spec: HeadSpec, root: Path | None = None) -> tuple[Path, bool]:
-    """(the head's directory, whether it was already there); trains it when missing.
-
-    Training writes to a sibling ``.partial`` directory renamed at the end, so an
-    interrupted run never leaves a half head behind (its feature cache resumes).
-    """
-    path = head_dir(spec, root)
-    if is_ready(path):
-        return path, True
-    from nanospec_server.train.recipe import recipe_for
-    from nanospec_server.train.run import TrainRequest, train_eagle
-
-    partial = path.with_name(path.name + ".partial")
-    train_eagle(TrainRequest(target=spec.target, output=partial, recipe=recipe_for(spec.target)))
-    partial.rename(path)
-    return path, False

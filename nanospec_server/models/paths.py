@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_ENV = "NANOSPEC_CACHE"
+from nanospec_server.env import cache
 
 
 def cache_root() -> Path:
     """The cache root: `$NANOSPEC_CACHE`, else `~/.cache/nanospec-server`."""
-    override = os.environ.get(CACHE_ENV)
+    override = cache()
     if override:
         return Path(override).expanduser()
     return Path.home() / ".cache" / "nanospec-server"

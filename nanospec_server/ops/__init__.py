@@ -1,17 +1,17 @@
 """Device ops behind plain function names.
 
 CUDA tensors use Triton (``scatter_rows`` first tries the CUDA C++ extension built from
-``kernels/`` on first use), falling back to the torch reference (``reference.py``) where
-neither is available. CPU tensors use the C++ loops of ``kernels/vocab_cpu.cpp`` where
+``ops/kernels/`` on first use), falling back to the torch reference (``reference.py``) where
+neither is available. CPU tensors use the C++ loops of ``ops/kernels/vocab_cpu.cpp`` where
 they apply, else the reference.
 ``NANOSPEC_OPS=reference|cpu|triton|cuda`` allows only that backend (plus the reference).
 """
 
-import torch
 from torch import Tensor
 
 from nanospec_server.ops import reference
 from nanospec_server.ops.backend import cpu_ops, cuda_ops, triton_interpreting, triton_ops
+from nanospec_server.ops.w_max import w_max_per_row
 
 
 def _triton_for(tensor: Tensor):
@@ -63,14 +63,6 @@ def packed_topk(
     return reference.packed_topk(*args)
 
 
-def w_max_per_row(w_max: int | Tensor, slots: Tensor) -> Tensor:
-    """W_max as a contiguous int64 tensor with one value per row of ``slots`` (an int, or
-    a tensor of one value or of one per row; no host sync either way)."""
-    if isinstance(w_max, Tensor):
-        return w_max.to(slots.device, torch.int64).expand(len(slots)).contiguous()
-    return torch.full((len(slots),), w_max, dtype=torch.int64, device=slots.device)
-
-
 def window_refresh(
     ring: Tensor, latest: Tensor, length: Tensor, members: Tensor, in_set: Tensor,
     slots: Tensor, w_max: int | Tensor,
@@ -113,6 +105,5 @@ __all__ = [
     "packed_topk",
     "window_refresh",
     "union_apply",
-    "w_max_per_row",
     "cpu_vocab_kernels",
 ]

@@ -5,11 +5,13 @@ import os
 import warnings
 from types import ModuleType
 
+from nanospec_server.env import ops_backend
+from nanospec_server.ops import cpu_kernels
 from nanospec_server.ops.build import load_cuda_extension
 
 
 def _forced() -> str | None:
-    return os.environ.get("NANOSPEC_OPS") or None
+    return ops_backend()
 
 
 @functools.cache
@@ -36,6 +38,7 @@ def triton_ops() -> ModuleType | None:
     if _forced() not in (None, "triton"):
         return None
     try:
+        # deferred: imports triton only when called
         from nanospec_server.ops import triton_kernels
 
         return triton_kernels
@@ -48,7 +51,6 @@ def cpu_ops() -> ModuleType | None:
     """The C++ CPU fast path, or None (forced off, or no compiler: warned once)."""
     if _forced() not in (None, "cpu"):
         return None
-    from nanospec_server.ops import cpu_kernels
 
     try:
         cpu_kernels.library()

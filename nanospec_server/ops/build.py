@@ -1,7 +1,7 @@
-"""Building the CUDA sources in ``kernels/``: the JIT extension and a GPU-free compile check.
+"""Building the CUDA sources in ``ops/kernels/``: the JIT extension and a GPU-free compile check.
 
 The ``.cu`` files are plain CUDA (no torch headers), so nvcc checks them in seconds; the
-torch binding lives in ``kernels/bindings.cpp`` and is only compiled by the JIT load.
+torch binding lives in ``ops/kernels/bindings.cpp`` and is only compiled by the JIT load.
 """
 
 import functools
@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 CUDA_SOURCES = ("scatter_rows.cu",)
 # Hopper and Ampere: what the server is deployed on.
 CHECK_ARCHS = ("sm_80", "sm_90")
@@ -43,6 +43,7 @@ def compile_check(nvcc: str | None = None, archs: tuple[str, ...] = CHECK_ARCHS)
 @functools.cache
 def load_cuda_extension() -> ModuleType:
     """JIT-build the extension with torch's tooling (cached in TORCH_EXTENSIONS_DIR)."""
+    # deferred: imports torch only when called
     from torch.utils.cpp_extension import load
 
     sources = [str(KERNEL_DIR / "bindings.cpp"), *(str(KERNEL_DIR / s) for s in CUDA_SOURCES)]

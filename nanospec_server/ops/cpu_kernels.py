@@ -1,4 +1,4 @@
-"""The CPU fast path (``kernels/vocab_cpu.cpp``), built with the system C++ compiler.
+"""The CPU fast path (``ops/kernels/vocab_cpu.cpp``), built with the system C++ compiler.
 
 The source has no torch headers, so it builds in about a second; the shared library is
 cached by source hash under ``$NANOSPEC_CACHE`` (default ``~/.cache/nanospec``) and called
@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nanospec_server.ops import w_max_per_row
+from nanospec_server.env import cache as cache_env
 from nanospec_server.ops.build import KERNEL_DIR
+from nanospec_server.ops.w_max import w_max_per_row
 
 SOURCE = KERNEL_DIR / "vocab_cpu.cpp"
 
@@ -28,7 +29,7 @@ def library() -> ctypes.CDLL:
     if compiler is None:
         raise FileNotFoundError("no C++ compiler")
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    cache = Path(os.environ.get("NANOSPEC_CACHE", Path.home() / ".cache" / "nanospec"))
+    cache = Path(raw if (raw := cache_env()) is not None else Path.home() / ".cache" / "nanospec")
     target = cache / f"vocab_cpu-{digest}.so"
     if not target.exists():
         cache.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from nanospec_server.env import cpu_linear
+
 # oneDNN's blocking for up to this many rows; results stay identical for any row count.
 PACK_BATCH_HINT = 8
 # Input-feature blocks tried, widest first, by the row-invariance probe.
@@ -33,6 +35,11 @@ K_BLOCK_CANDIDATES = (1024, 512, 256, 128, 64)
 
 def available() -> bool:
     return torch.backends.mkldnn.is_available()
+
+
+def enabled() -> bool:
+    """Whether SGLang's fp32 CPU linear layers run packed: oneDNN present and not turned off."""
+    return cpu_linear() and available()
 
 
 def packable(weight: Tensor) -> bool:

@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 
 from nanospec_server.sglang_plugin import seams
+from nanospec_server.env import CPU_SHIM, cpu_shim_switch
 
 __all__ = ["activate_shim", "needs_shim", "real_sgl_kernel_loads", "shim_dir"]
 
-_ENV_SWITCH = "NANOSPEC_CPU_SHIM"
 _PROBE_TIMEOUT_S = 120
 _MODULE = seams.SGL_KERNEL.target
 
@@ -54,7 +54,7 @@ def real_sgl_kernel_loads() -> bool:
     if importlib.machinery.PathFinder.find_spec(_MODULE, search_path) is None:
         return False
     env = dict(os.environ)
-    env.pop(_ENV_SWITCH, None)
+    env.pop(CPU_SHIM, None)
     env["PYTHONPATH"] = os.pathsep.join(_without_shim(env.get("PYTHONPATH", "").split(os.pathsep)))
     probe = (
         f"import sys; sys.path[:] = [p for p in sys.path if p != {str(shim_dir())!r}]\n"
@@ -76,6 +76,7 @@ def real_sgl_kernel_loads() -> bool:
 
 def _cuda_available() -> bool:
     try:
+        # deferred: imports torch only when called
         import torch
     except ImportError:
         return False
@@ -84,7 +85,7 @@ def _cuda_available() -> bool:
 
 def needs_shim() -> bool:
     """Whether this process should use the stand-in (honours ``NANOSPEC_CPU_SHIM``)."""
-    switch = os.environ.get(_ENV_SWITCH, "").strip()
+    switch = cpu_shim_switch()
     if switch == "0":
         return False
     if switch == "1":

@@ -27,8 +27,8 @@ def register() -> None:
     http_server = sys.modules.get(HTTP_SERVER_MODULE)
     if http_server is not None:
         from nanospec_server.admin.routes import install_routes
+        from nanospec_server.admin.state_channel import ensure_token
         from nanospec_server.sglang_plugin.requests.chat_body import ChatBodyCheck
-        from nanospec_server.sglang_plugin.stats.live_settings import ensure_token
 
         ensure_token()  # before SGLang spawns the schedulers, which inherit it
         install_routes(http_server.app)

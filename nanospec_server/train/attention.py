@@ -48,6 +48,7 @@ def grouped_sdpa(
 
 def use_grouped_sdpa(model) -> None:
     """Switch a transformers model to ``grouped_sdpa`` (masks built as for ``sdpa``)."""
+    # deferred: imports transformers only when called
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 

@@ -6,8 +6,10 @@ import argparse
 from pathlib import Path
 
 from nanospec_server.arg_types import positive_float, positive_int
+from nanospec_server.train.eagle3_run import train_eagle3
 from nanospec_server.train.precision import CHOICES
-from nanospec_server.train.recipe import RECIPES
+from nanospec_server.train.recipe import RECIPES, recipe_for
+from nanospec_server.train.run import TrainRequest, train_eagle
 
 
 def _seq_len(text: str) -> int:
@@ -115,9 +117,6 @@ def add_train_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
 
 
 def run_train_command(args: argparse.Namespace) -> int:
-    from nanospec_server.train.recipe import recipe_for
-    from nanospec_server.train.run import TrainRequest, train_eagle
-
     eagle3_only = {"--draft-vocab-size": args.draft_vocab_size, "--aux-layers": args.aux_layers,
                    "--train-lm-head": args.train_lm_head}  # fmt: skip
     if args.arch != "eagle3":
@@ -139,8 +138,6 @@ def run_train_command(args: argparse.Namespace) -> int:
         include_embedding=args.include_embedding, precision=args.precision,
     )  # fmt: skip
     if args.arch == "eagle3":
-        from nanospec_server.train.eagle3_run import train_eagle3
-
         report = train_eagle3(request)
     else:
         report = train_eagle(request)

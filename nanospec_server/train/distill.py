@@ -60,6 +60,7 @@ def generate_rows(
 
 
 def _generate(target, prompts, seq_len, eos_ids, device, aux_layers, seen) -> DistilledRows:
+    # deferred: imports transformers only when called
     from transformers import DynamicCache
 
     def kept(out) -> torch.Tensor:

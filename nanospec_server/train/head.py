@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanospec_server.train.target import find_tensor
+
 
 @dataclass(frozen=True)
 class HeadConfig:
@@ -231,8 +233,6 @@ def init_from_last_layer(head: EagleHead, target_dir, layer: int) -> None:
     last layer does, so this starts nearer a solution than noise. A narrower MLP takes
     the first ``intermediate_size`` channels.
     """
-    from nanospec_server.train.target import find_tensor
-
     with torch.no_grad():
         for name, param in head.layers[0].named_parameters():
             source = find_tensor(target_dir, [f"model.layers.{layer}.{name}"])
@@ -241,6 +241,7 @@ def init_from_last_layer(head: EagleHead, target_dir, layer: int) -> None:
 
 def load_head(head: EagleHead, head_dir: Path) -> None:
     """The weights of an exported head (``export.py``); the shapes must match."""
+    # deferred: imports safetensors only when called
     from safetensors.torch import load_file
 
     weights = load_file(str(head_dir / "model.safetensors"))

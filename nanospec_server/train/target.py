@@ -9,6 +9,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from nanospec_server.models.prepare import prepare_model
+from nanospec_server.models.registry import get_model_spec
+
 # Draft architecture SGLang 0.5.23 loads for each target architecture (models/*_eagle.py).
 EAGLE_ARCHITECTURES = {
     "Qwen2ForCausalLM": "Qwen2ForCausalLMEagle",
@@ -30,8 +33,6 @@ def resolve_target(target: str) -> Path:
         return path
     if path.exists():
         raise ValueError(f"{target}: no config.json in this directory")
-    from nanospec_server.models.prepare import prepare_model
-    from nanospec_server.models.registry import get_model_spec
 
     get_model_spec(target)  # raises with the list of valid names
     return prepare_model(target)
@@ -79,6 +80,7 @@ def load_shared_weights(model_dir: Path, dtype: torch.dtype, device: torch.devic
 
 def load_target(model_dir: Path, device: torch.device, dtype: torch.dtype = torch.bfloat16):
     """The HF model, eval mode, no gradients (it only produces features)."""
+    # deferred: imports transformers only when called
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
@@ -87,6 +89,7 @@ def load_target(model_dir: Path, device: torch.device, dtype: torch.dtype = torc
 
 
 def load_tokenizer(model_dir: Path):
+    # deferred: imports transformers only when called
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nanospec_server.config import HISTORY_ENV
+from nanospec_server.env import STATS_HISTORY
 from nanospec_server.sglang_plugin.stats.request_stats import RequestStats
 
 
@@ -28,7 +28,7 @@ class Req:
 
 
 def test_running_then_finished_with_totals(monkeypatch) -> None:
-    monkeypatch.setenv(HISTORY_ENV, "2")
+    monkeypatch.setenv(STATS_HISTORY, "2")
     stats = RequestStats(num_slots=4, vocab_size=100, device=torch.device("cpu"))
     reqs = [Req(f"r{i}", [1] * (i + 1)) for i in range(3)]
     stats.track(reqs, w_max=64)

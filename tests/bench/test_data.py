@@ -11,7 +11,6 @@ import pytest
 from nanospec_server.bench.data import (
     TASKS,
     DataError,
-    encode_chat,
     load_humaneval,
     load_specbench,
     select,
@@ -81,20 +80,3 @@ def test_select_is_seeded_per_task_and_independent_of_other_tasks(tmp_path: Path
     assert only_rag == a[3:]  # adding qa does not change rag's draw
     assert len(select(prompts, None, seed=0)) == 40
     assert set(TASKS) >= {p.task for p in a}
-
-
-def test_encode_chat_uses_the_template_with_the_models_answer() -> None:
-    from transformers import AutoTokenizer
-
-    from nanospec_server.models.tiny import tiny_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path("tiny-target")))
-    first = encode_chat(tokenizer, ["Hello there"], [])
-    second = encode_chat(tokenizer, ["Hello there", "And then?"], ["An answer"])
-    expected = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "An answer"},
-         {"role": "user", "content": "And then?"}],
-        add_generation_prompt=True, tokenize=True, return_dict=False)  # fmt: skip
-    assert second == list(expected)
-    assert tokenizer.decode(second).count("An answer") == 1
-    assert len(second) > len(first)

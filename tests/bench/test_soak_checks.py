@@ -6,9 +6,9 @@ import copy
 from dataclasses import replace
 
 from nanospec_server.bench.clients import LEFT, Outcome
-from nanospec_server.bench.soak import SoakRun
 from nanospec_server.bench.soak_checks import RSS_GROWTH_BOUND_MB, check
 from nanospec_server.bench.soak_plan import Ending, plan
+from nanospec_server.bench.soak_record import SoakRun
 from nanospec_server.launch.server_state import Held
 
 IDLE = Held(0, 0, 1, 1, 264, 264)

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from nanospec_server.models.cli import main as models_main
 from nanospec_server.models.eagle_heads import (
     HEADS,
     get_head_spec,
     head_dir,
     is_ready,
-    prepare_head,
 )
+from nanospec_server.models_cli import main as models_main
+from nanospec_server.train.on_demand import prepare_head
 
 
 def test_committed_heads_are_complete_sglang_eagle_checkpoints() -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from tiny_gguf_writer import HIDDEN, LAYERS, TinyGguf, write_tiny_llama_gguf
 
-from nanospec_server.models import cli, diskspace
+from nanospec_server import models_cli
+from nanospec_server.models import diskspace
 from nanospec_server.models.errors import (
     ChecksumMismatchError,
     InsufficientDiskSpaceError,
@@ -239,7 +240,7 @@ def test_registry_member_paths_match_the_published_wheels() -> None:
 def test_unknown_model_names_the_valid_ones(tmp_path: Path, capsys) -> None:
     with pytest.raises(UnknownModelError, match="smollm2-135m-instruct"):
         prepare_model("no-such-model", root=tmp_path)
-    assert cli.main(["models", "prepare", "no-such-model"]) == 2
+    assert models_cli.main(["models", "prepare", "no-such-model"]) == 2
     assert "qwen2.5-coder-1.5b-instruct" in capsys.readouterr().err
 
 
@@ -250,7 +251,7 @@ def test_list_reports_every_model_unprepared_in_an_empty_cache(tmp_path: Path, m
     assert not any(row.prepared for row in rows)
     assert rows[0].path == model_paths(rows[0].name).hf_dir
     assert str(tmp_path) in str(rows[0].path)
-    assert cli.main(["models", "list"]) == 0
+    assert models_cli.main(["models", "list"]) == 0
 
 
 @pytest.mark.slow

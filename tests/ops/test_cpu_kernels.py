@@ -1,4 +1,4 @@
-"""The C++ CPU fast path (kernels/vocab_cpu.cpp) against the torch reference path, state
+"""The C++ CPU fast path (ops/kernels/vocab_cpu.cpp) against the torch reference path, state
 field by field: random streams with many repeats, appends longer than the ring, masks,
 live W_max shrinking and growing back, per-request W_max, and resets."""
 

@@ -8,8 +8,8 @@ import sys
 import torch
 from torch import Tensor
 
-from nanospec_server import ops
 from nanospec_server.ops import bitmap, reference, triton_kernels
+from nanospec_server.ops.w_max import w_max_per_row
 from nanospec_server.vocab.window import WindowState
 
 
@@ -68,7 +68,7 @@ def run(device: str, seeds: range) -> None:
             w_max = schedule(gen, w_cap, step, slots)
             w_max = w_max.to(device) if isinstance(w_max, Tensor) else w_max
             state = (fused.ring, fused.latest, fused.length, fused.members, fused.in_set)
-            rows_w_max = ops.w_max_per_row(w_max, slots)
+            rows_w_max = w_max_per_row(w_max, slots)
             *got, compact = triton_kernels.window_refresh(*state, slots, rows_w_max)
             want = torch_path.refresh_reference(slots, w_max)
             check_compact(compact, want)

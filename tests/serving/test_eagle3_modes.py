@@ -18,10 +18,10 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from nanospec_server.launch.server import ServerFailed, speculative_flags
-from nanospec_server.models.prior import prior_token_ids
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.spec import PRUNED_DRAFT_VOCAB
 from nanospec_server.models.tiny.tokenizer import EOS_ID, VOCAB_SIZE
+from nanospec_server.vocab_tools.prior import prior_token_ids
 from tests.serving import conftest
 from tests.serving.conftest import make_prompts
 

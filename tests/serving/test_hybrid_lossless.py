@@ -12,9 +12,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from nanospec_server.launch.server import generate, speculative_flags
-from nanospec_server.models.prior import prior_token_ids
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import VOCAB_SIZE
+from nanospec_server.vocab_tools.prior import prior_token_ids
 from tests.serving.conftest import generate_all, make_prompts
 from tests.serving.test_nanospec_modes import CHAIN_PROMPTS, NUM_STEPS, PROMPTS
 

@@ -16,7 +16,7 @@ from nanospec_server.launch.server import generate, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import BOS_ID, CORPUS_PATH, VOCAB_SIZE
 from nanospec_server.models.tiny.weights import SEEDS, agree_successor
-from nanospec_server.models.token_map import build_token_map
+from nanospec_server.vocab_tools.token_map import build_token_map
 from tests.serving import conftest
 from tests.serving.conftest import ADMIN_KEY, generate_all, make_prompts
 

@@ -1,6 +1,6 @@
 """The hybrid vocabulary I ∪ P in the vocabulary library: the oracle with the prior added.
 
-P (models/prior.py) reaches DynamicVocab as pinned rows next to EOS, so the same
+P (vocab_tools/prior.py) reaches DynamicVocab as pinned rows next to EOS, so the same
 property scenarios must hold with a large pinned set: up to the whole vocabulary, which
 also makes the union capacity (max_batch * W_cap + |pinned|) clamp to V.
 """

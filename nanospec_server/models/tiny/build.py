@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from safetensors.torch import save_file
 
+from nanospec_server.env import cache
 from nanospec_server.models.tiny.spec import TINY_MODELS, config_dict
 from nanospec_server.models.tiny.tokenizer import write_tokenizer
 from nanospec_server.models.tiny.weights import model_tensors
@@ -45,7 +45,7 @@ MANIFEST = "nanospec_tiny.json"
 def tiny_cache_root(cache_dir: Path | None = None) -> Path:
     """The directory holding one subdirectory per tiny model."""
     if cache_dir is None:
-        env = os.environ.get("NANOSPEC_CACHE")
+        env = cache()
         cache_dir = Path(env) if env else Path.home() / ".cache" / "nanospec-server"
     return Path(cache_dir) / "tiny-models"
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable
 
 import torch
@@ -30,7 +29,7 @@ from torch import Tensor
 
 from nanospec_server.ops.packed_linear import (
     OneDnnWeight,
-    available,
+    enabled,
     pack,
     packable,
     packed_linear,
@@ -39,11 +38,6 @@ from nanospec_server.sglang_plugin import seams
 
 logger = logging.getLogger(__name__)
 
-ENV = "NANOSPEC_CPU_LINEAR"
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0" and available()
 
 
 def after_loading_hook(original: Callable, method, layer: torch.nn.Module) -> None:

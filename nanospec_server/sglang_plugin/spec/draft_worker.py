@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 
 import torch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
@@ -18,6 +17,7 @@ from sglang.srt.runtime_context import get_parallel, get_serving, get_spec
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
+from nanospec_server import env
 from nanospec_server.config import Mode, NanoSpecConfig
 from nanospec_server.sglang_plugin.spec import adaptive, eagle3, tp_head
 from nanospec_server.sglang_plugin.spec import runtime as runtime_module
@@ -196,7 +196,7 @@ def build_vocab(
         union_capacity=capacity,
         # Fixed shapes (CUDA graphs) on CUDA; NANOSPEC_STATIC_SHAPES=1 forces them on CPU
         # too, where with TRITON_INTERPRET=1 the CUDA path's kernels serve (tests).
-        static_shapes=True if os.environ.get("NANOSPEC_STATIC_SHAPES") == "1" else None,
+        static_shapes=True if env.static_shapes() else None,
         **sharded,
     )
     pool_size = worker.req_to_token_pool.req_to_token.shape[0]
@@ -208,7 +208,7 @@ def _prior_tokens(k: int) -> list[int]:
         return []
     from transformers import AutoTokenizer
 
-    from nanospec_server.models.prior import prior_token_ids
+    from nanospec_server.vocab_tools.prior import prior_token_ids
 
     # The draft worker loads no tokenizer of its own; the target's is the one that counts.
     tokenizer = AutoTokenizer.from_pretrained(get_serving().tokenizer_path)

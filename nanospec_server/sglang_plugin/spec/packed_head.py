@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from nanospec_server.env import fused_topk
 from nanospec_server.sglang_plugin.spec import tp_head
 from nanospec_server.sglang_plugin.spec.draft_topk import DRAFT_TOPK
 from nanospec_server.sglang_plugin.spec.runtime import NanoSpecRuntime
@@ -151,6 +152,6 @@ class PackedHeadLogitsProcessor(nn.Module):
 
 # NANOSPEC_FUSED_TOPK=0 keeps SGLang's own softmax + top-k over full-width logits. So does
 # SGLang's async index assertion, which checks draft ids against the logits' width (2k).
-FUSED_TOPK_ENABLED = os.environ.get("NANOSPEC_FUSED_TOPK", "1") != "0" and os.environ.get(
+FUSED_TOPK_ENABLED = fused_topk() and os.environ.get(
     "SGLANG_ENABLE_ASYNC_ASSERT", ""
 ).lower() not in ("1", "true")

@@ -13,8 +13,6 @@ recently finished ones. A change applies at the next speculative step.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,33 +22,18 @@ from sglang.srt.managers.scheduler_components.internal_state import (
 )
 
 from nanospec_server.adaptive.live import live_change_problem
+from nanospec_server.admin.state_channel import SETTINGS_KEY, STATE_KEY, token_matches
 from nanospec_server.sglang_plugin.spec import runtime
 from nanospec_server.sglang_plugin.stats import metrics
 
 logger = logging.getLogger(__name__)
 
-SETTINGS_KEY = "nanospec_settings"
-TOKEN_ENV = "NANOSPEC_SETTINGS_TOKEN"
-STATE_KEY = "nanospec"
-
-
-def ensure_token() -> str:
-    """Called in the launcher before SGLang spawns its schedulers, which inherit it."""
-    return os.environ.setdefault(TOKEN_ENV, secrets.token_hex(16))
-
-
-def settings_request(changes: dict[str, int], key_id: str) -> dict[str, Any]:
-    """The `/set_internal_state` body the admin layer sends."""
-    value = {"changes": changes, "key_id": key_id, "token": os.environ.get(TOKEN_ENV, "")}
-    return {SETTINGS_KEY: value}
-
 
 def _validate(key: str, value: Any) -> None:
     if runtime.RUNTIME is None:
         raise UpdateRejected(f"{key}: this server runs no NanoSpec draft worker")
-    expected = os.environ.get(TOKEN_ENV, "")
     token = value.get("token") if isinstance(value, dict) else None
-    if not expected or not isinstance(token, str) or not secrets.compare_digest(token, expected):
+    if not token_matches(token):
         raise UpdateRejected(f"{key}: change NanoSpec settings through POST /nanospec/settings")
     from nanospec_server.sglang_plugin.spec import adaptive
 

@@ -14,10 +14,11 @@ so a fleet's series stay apart wherever they are collected and match the CLI's r
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from typing import Any
+
+from nanospec_server.env import worker_name as worker_name_from_env
 
 PREFIX = "nanospec:"
 SIZE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 3072, 4096, 8192, 16384, 32768, 65536)
@@ -45,13 +46,12 @@ class _Series:
 
 
 _SERIES: _Series | None = None
-WORKER_ENV = "NANOSPEC_WORKER_NAME"
 
 
 def worker_name(host: str, port: int) -> str:
     """The `worker` label: $NANOSPEC_WORKER_NAME, else host:port, with the machine's
     hostname for a wildcard bind (in a compose file, the service's hostname)."""
-    if name := os.environ.get(WORKER_ENV):
+    if name := worker_name_from_env():
         return name
     if host in ("", "0.0.0.0", "::"):
         host = socket.gethostname()

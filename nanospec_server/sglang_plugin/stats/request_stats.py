@@ -11,7 +11,6 @@ and totals since start. Only counts and figures, never prompt or output text.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,7 +21,8 @@ import torch
 from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
 from torch import Tensor
 
-from nanospec_server.config import DEFAULT_HISTORY, HISTORY_ENV
+from nanospec_server.config import DEFAULT_HISTORY
+from nanospec_server.env import stats_history
 from nanospec_server.sglang_plugin.stats import metrics
 from nanospec_server.sglang_plugin.stats.step_timer import StepTimer
 
@@ -42,7 +42,7 @@ def is_health_check(rid: object) -> bool:
 
 
 def history_size() -> int:
-    return max(1, int(os.environ.get(HISTORY_ENV, DEFAULT_HISTORY)))
+    return max(1, int(raw if (raw := stats_history()) is not None else DEFAULT_HISTORY))
 
 
 @dataclass

@@ -9,12 +9,11 @@ for serving.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from torch import Tensor
 
-RECORD_ENV = "NANOSPEC_RECORD_STREAMS"
+from nanospec_server.env import record_streams
 
 
 class StreamRecorder:
@@ -23,7 +22,7 @@ class StreamRecorder:
 
     @classmethod
     def from_env(cls) -> StreamRecorder | None:
-        path = os.environ.get(RECORD_ENV)
+        path = record_streams()
         return cls(Path(path)) if path else None
 
     def record(self, rids: list[str], kind: str, tokens: Tensor, valid: Tensor | None) -> None:

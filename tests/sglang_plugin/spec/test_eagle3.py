@@ -21,10 +21,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from nanospec_server.env import RECORD_STREAMS
 from nanospec_server.launch.server import generate, running_server, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE
-from nanospec_server.sglang_plugin.stats.stream_recorder import RECORD_ENV
 from tests.serving.conftest import BASE_FLAGS
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -50,7 +50,7 @@ def served(tmp_path_factory) -> tuple[list[dict], dict[str, list[list[int]]]]:
     flags += ["--chunked-prefill-size", str(CHUNK)]
     model = ["--model-path", str(tiny_model_path("tiny-target"))]
     with pytest.MonkeyPatch.context() as env:
-        env.setenv(RECORD_ENV, str(streams))  # the server inherits it
+        env.setenv(RECORD_STREAMS, str(streams))  # the server inherits it
         with running_server(model + BASE_FLAGS + flags, folder / "server.log") as url:
             results = [generate(url, prompt, 8) for prompt in PROMPTS]
     appends: dict[str, list[list[int]]] = {}

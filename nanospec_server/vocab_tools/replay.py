@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanospec_server.vocab import DynamicVocab
+from nanospec_server.vocab import DynamicVocab, topk_tokens_in_chunks
 
 
 @dataclass
@@ -112,3 +112,10 @@ def static_coverage(sequences: list[Sequence], ranked_ids: list[int], k: int) ->
     kept = set(ranked_ids[:k])
     total = sum(len(s.output) for s in sequences)
     return sum(t in kept for s in sequences for t in s.output) / total if total else None
+
+
+def target_topk(model, ids: list[int], k: int) -> torch.Tensor:
+    """Top-k predictions at every position but the last: [len(ids) - 1, k]."""
+    with torch.no_grad():
+        hidden = model.model(torch.tensor([ids])).last_hidden_state[0, :-1]
+    return topk_tokens_in_chunks(hidden, model.lm_head.weight, k)

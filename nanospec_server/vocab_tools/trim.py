@@ -225,6 +225,7 @@ def tpe_maximise(
     """The integer k in [low, high] (log scale) with the largest ``objective`` among those
     ``feasible``, by optuna's TPE, which is told the constraint and samples away from it. ``start``
     sizes are evaluated first (e.g. a current default, so it is always compared)."""
+    # deferred: imports optuna only when called
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -4,9 +4,9 @@ from collections import Counter
 
 from transformers import AutoTokenizer
 
-from nanospec_server.models import prior as prior_module
-from nanospec_server.models.prior import prior_token_ids, ranked_tokens
 from nanospec_server.models.tiny import tiny_model_path
+from nanospec_server.vocab_tools import prior as prior_module
+from nanospec_server.vocab_tools.prior import prior_token_ids, ranked_tokens
 
 TEXTS = ["the cat sat on the mat.", "The dog, the cat and the bird.", "a b a b a c"]
 

@@ -14,10 +14,10 @@ from nanospec_server.models.eagle_heads import (
     get_head_spec,
     head_dir,
     is_ready,
-    prepare_head,
 )
 from nanospec_server.models.errors import ModelPrepareError
-from nanospec_server.models.paths import disk_usage_bytes
+from nanospec_server.models.paths import disk_usage_bytes, model_paths
+from nanospec_server.models.prepare import list_models, prepare_spec
 from nanospec_server.models.registry import UnknownModelError, get_model_spec, model_names
 
 
@@ -55,8 +55,6 @@ def run_models_command(args: argparse.Namespace) -> int:
 
 
 def _list() -> int:
-    from nanospec_server.models.prepare import list_models
-
     print(
         f"{'name':<36} {'role':<10} {'pairs with':<28} {'quant':<7} {'download':>9} "
         f"{'on disk':>9}  status"
@@ -77,15 +75,14 @@ def _list() -> int:
 
 
 def _prepare_head(name: str) -> int:
+    from nanospec_server.train.on_demand import prepare_head  # deferred: training loads torch
+
     path, already = prepare_head(get_head_spec(name))
     print(f"{name}: {'already prepared' if already else 'trained'} at {path}")
     return 0
 
 
 def _prepare(name: str, keep_wheels: bool) -> int:
-    from nanospec_server.models.paths import model_paths
-    from nanospec_server.models.prepare import prepare_spec
-
     try:
         spec = get_model_spec(name)
         result = prepare_spec(spec, model_paths(spec.name), keep_wheels=keep_wheels)

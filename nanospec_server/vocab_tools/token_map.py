@@ -47,6 +47,7 @@ def top_k_token_ids(
 
 
 def build_token_map(tokenizer_path: Path, corpus: list[Path], k: int, output: Path) -> int:
+    # deferred: imports transformers only when called
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))

@@ -8,8 +8,25 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from tqdm import tqdm
+
 from nanospec_server.arg_types import fraction, positive_int
-from nanospec_server.models.trim import DEFAULT_ALPHA
+from nanospec_server.vocab_tools.answers import assistant_texts, self_distilled_answers
+from nanospec_server.vocab_tools.trim import (
+    DEFAULT_ALPHA,
+    DraftShape,
+    LatencyModel,
+    TreeShape,
+    TrimProblem,
+    backbone_flops,
+    calibrate,
+    count_tokens,
+    coverage_curve,
+    exhaustive_best,
+    head_flops,
+    held_out_coverage,
+    trim,
+)
 
 
 def _add_search_flags(parser: argparse.ArgumentParser) -> None:
@@ -25,25 +42,31 @@ def add_vocab_commands(commands: argparse._SubParsersAction) -> None:
     vocab = commands.add_parser("vocab", help="choose draft vocabularies: trimming, prior size")
     sub = vocab.add_subparsers(dest="vocab_command", required=True)
 
-    trim = sub.add_parser("trim", help="coverage-latency trimming (TPE): a static token map",
+    trim_parser = sub.add_parser("trim", help="coverage-latency trimming (TPE): a static token map",
                           description=__doc__)  # fmt: skip
-    trim.add_argument("--tokenizer", type=Path, required=True, help="target model/tokenizer dir")
-    trim.add_argument("--draft-config", type=Path, required=True,
+    trim_parser.add_argument(
+        "--tokenizer", type=Path, required=True, help="target model/tokenizer dir"
+    )
+    trim_parser.add_argument("--draft-config", type=Path, required=True,
                       help="the draft's config.json (or its directory): an EAGLE head or a model")  # fmt: skip
-    trim.add_argument("--answers", type=Path, nargs="+", required=True,
+    trim_parser.add_argument("--answers", type=Path, nargs="+", required=True,
                       help="assistant responses: JSONL (answer / conversations / messages / "
                            "text) or text files; not a benchmark")  # fmt: skip
-    _add_search_flags(trim)
-    trim.add_argument("--steps", type=positive_int, default=4, help="draft steps per round")
-    trim.add_argument("--topk", type=positive_int, default=1, help="draft tree branches per step")
-    trim.add_argument("--context", type=positive_int, default=512, help="KV context for attention")
-    trim.add_argument("--calibration", type=Path,
+    _add_search_flags(trim_parser)
+    trim_parser.add_argument("--steps", type=positive_int, default=4, help="draft steps per round")
+    trim_parser.add_argument(
+        "--topk", type=positive_int, default=1, help="draft tree branches per step"
+    )
+    trim_parser.add_argument(
+        "--context", type=positive_int, default=512, help="KV context for attention"
+    )
+    trim_parser.add_argument("--calibration", type=Path,
                       help="latency model from `nanospec vocab calibrate` (default: FLOPs alone)")  # fmt: skip
-    trim.add_argument("--folds", type=positive_int, default=1,
+    trim_parser.add_argument("--folds", type=positive_int, default=1,
                       help="coverage held out: ranked on the other folds of the answers, counted "
                            "on each (default 1: in-sample, the paper's)")  # fmt: skip
-    trim.add_argument("--output", type=Path, required=True, help="token map to write (.pt)")
-    trim.set_defaults(func=lambda args: trim_command(args, trim))
+    trim_parser.add_argument("--output", type=Path, required=True, help="token map to write (.pt)")
+    trim_parser.set_defaults(func=lambda args: trim_command(args, trim_parser))
 
     answers = sub.add_parser("answers", help="self-distilled answers: the target answers the "
                                              "trainer's training prompts (a trimming corpus)")  # fmt: skip
@@ -85,11 +108,9 @@ def _config_path(path: Path) -> Path:
 
 
 def trim_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    # deferred: imports torch, transformers only when called
     import torch
     from transformers import AutoTokenizer
-
-    from nanospec_server.models import trim
-    from nanospec_server.models.answers import assistant_texts
 
     missing = [str(p) for p in args.answers if not p.is_file()]
     if missing:
@@ -101,24 +122,24 @@ def trim_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
     except OSError as error:
         parser.error(f"--tokenizer: {error}")
-    latency = trim.LatencyModel()
+    latency = LatencyModel()
     if args.calibration:
         if not args.calibration.is_file():
             parser.error(f"--calibration: no such file: {args.calibration}")
-        latency = trim.LatencyModel(**json.loads(args.calibration.read_text())["model"])
-    shape = trim.DraftShape.from_config(json.loads(config_path.read_text()))
+        latency = LatencyModel(**json.loads(args.calibration.read_text())["model"])
+    shape = DraftShape.from_config(json.loads(config_path.read_text()))
     always = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     try:
-        per_answer = [trim.count_tokens(tokenizer, [a]) for a in assistant_texts(args.answers)]
+        per_answer = [count_tokens(tokenizer, [a]) for a in assistant_texts(args.answers)]
         counts = sum(per_answer, Counter())
-        curve = trim.coverage_curve(counts, always)
+        curve = coverage_curve(counts, always)
         if args.folds > 1:
-            curve = trim.held_out_coverage(per_answer, args.folds, always, shape.vocab_size)
+            curve = held_out_coverage(per_answer, args.folds, always, shape.vocab_size)
     except ValueError as error:
         parser.error(f"--answers: {error}")
-    problem = trim.TrimProblem(curve, shape, trim.TreeShape(args.steps, args.topk), args.context,
+    problem = TrimProblem(curve, shape, TreeShape(args.steps, args.topk), args.context,
                                latency, args.alpha, args.min_coverage)  # fmt: skip
-    search = trim.trim(problem, args.trials, args.seed)  # V covers all: a size always fits
+    search = trim(problem, args.trials, args.seed)  # V covers all: a size always fits
     ids = list(curve.ranked[: search.best_k])
     if len(ids) < search.best_k:  # a size past the corpus vocabulary: fill with unseen ids
         seen = set(ids)
@@ -126,7 +147,7 @@ def trim_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     args.output.parent.mkdir(parents=True, exist_ok=True)
     torch.save(ids, args.output)
     summary = {"best": problem.row(search.best_k), "full": problem.row(shape.vocab_size),
-               "exhaustive_check_k": trim.exhaustive_best(problem), "folds": args.folds,
+               "exhaustive_check_k": exhaustive_best(problem), "folds": args.folds,
                "answer_tokens": sum(counts.values()),
                "distinct_answer_tokens": len(counts), "alpha": args.alpha,
                "min_coverage": args.min_coverage, "tree": vars(problem.tree) | {},
@@ -142,7 +163,7 @@ def trim_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
 
 def answers_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from nanospec_server.models.answers import self_distilled_answers
+    # deferred: imports torch only when called
     from nanospec_server.train.target import resolve_target
 
     try:
@@ -158,8 +179,6 @@ def answers_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 def calibration_points(latency: dict, shape) -> list[tuple[str, float, float]]:
     """One-call parts of a `bench latency` breakdown as (label, GFLOPs, ms)."""
-    from nanospec_server.models.trim import backbone_flops, head_flops
-
     b = latency["breakdown"]
     points = [("backbone", backbone_flops(shape, b["context"]) / 1e9, b["backbone"])]
     for key, rows in (("head_full", b["vocab_size"]), ("head_static", b["static_k"]),
@@ -169,8 +188,6 @@ def calibration_points(latency: dict, shape) -> list[tuple[str, float, float]]:
 
 
 def calibrate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from nanospec_server.models.trim import DraftShape, calibrate
-
     missing = [str(p) for p in args.latency if not p.is_file()]
     if missing:
         parser.error(f"--latency: no such file: {', '.join(missing)}")
@@ -195,14 +212,13 @@ def calibrate_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
 
 def prior_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    # deferred: imports torch only when called
     import torch
-    from tqdm import tqdm
 
-    from nanospec_server.bench.coverage import target_topk
-    from nanospec_server.bench.prior_tune import HeadTimer, PriorProblem
-    from nanospec_server.bench.replay import Sequence
-    from nanospec_server.models.prior import ranked_tokens
     from nanospec_server.train.target import load_target, load_tokenizer, resolve_target
+    from nanospec_server.vocab_tools.prior import ranked_tokens
+    from nanospec_server.vocab_tools.prior_tune import HeadTimer, PriorProblem
+    from nanospec_server.vocab_tools.replay import Sequence, target_topk
 
     for flag, path in (("--answers", args.answers), ("--latency", args.latency)):
         if not path.is_file():

@@ -8,8 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanospec_server.bench.prior_tune import ROW_QUANTUM, HeadTimer, PriorProblem, union_replay
-from nanospec_server.bench.replay import Sequence
+from nanospec_server.vocab_tools.prior_tune import (
+    ROW_QUANTUM,
+    HeadTimer,
+    PriorProblem,
+    union_replay,
+)
+from nanospec_server.vocab_tools.replay import Sequence
 
 VOCAB = 60
 

@@ -12,6 +12,11 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from tqdm import tqdm
+
+from nanospec_server.models.chat import encode_chat
+from nanospec_server.train.prompts import Split, chat_prompts
+
 
 def assistant_texts(paths: Iterable[Path]) -> Iterator[str]:
     """JSONL records' ``answer``, the assistant turns of ``conversations``/``messages``,
@@ -50,12 +55,10 @@ def self_distilled_answers(
 ) -> list[dict]:
     """The target's greedy answers to ``count`` of the trainer's training prompts:
     ``{"prompt", "prompt_ids", "answer_ids", "answer"}`` per prompt."""
+    # deferred: imports torch only when called
     import torch
-    from tqdm import tqdm
 
-    from nanospec_server.bench.data import encode_chat
     from nanospec_server.train.distill import generate_rows
-    from nanospec_server.train.prompts import Split, chat_prompts
     from nanospec_server.train.target import load_target, load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)

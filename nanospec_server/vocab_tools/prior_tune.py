@@ -1,10 +1,10 @@
 """The hybrid prior's size k by the trimming method (`nanospec vocab prior-k`).
 
-The same utility as `models/trim.py`, U(k) = alpha * C(k) + (1 - alpha) * R(k) with
+The same utility as `vocab_tools/trim.py`, U(k) = alpha * C(k) + (1 - alpha) * R(k) with
 C(k) >= c_min, searched by the same TPE, but each term is what serving does:
 
 - C(k): the share of the target's next tokens that window ∪ prior holds, replayed
-  offline through the serving window (`bench/replay.py`) over the target's own answers
+  offline through the serving window (`vocab_tools/replay.py`) over the target's own answers
   with its top-K predictions (the candidate stream as the runtime appends it).
 - R(k): 1 - L(k) / L(V), where L is the backbone's measured time (`bench latency`) plus
   the LM head's time measured here at the rows actually computed: the mean |I ∪ P| of
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nanospec_server.bench.latency import _head_topk, _median_ms
-from nanospec_server.bench.replay import ReplayStats, Sequence, replay
-from nanospec_server.models.trim import DEFAULT_ALPHA, Search, tpe_maximise, utility
+from nanospec_server.vocab_tools.replay import ReplayStats, Sequence, replay
+from nanospec_server.vocab_tools.timing import head_topk, median_ms
+from nanospec_server.vocab_tools.trim import DEFAULT_ALPHA, Search, tpe_maximise, utility
 
 ROW_QUANTUM = 64  # head times are measured per 64 rows: nearby sizes cost the same
 
@@ -54,15 +54,15 @@ class HeadTimer:
             hidden = torch.randn(1, self.weight.shape[1], dtype=self.weight.dtype)
             block = self.weight[:size].contiguous()
             with torch.no_grad():
-                _head_topk(hidden, block)  # warm
-                self.measured[size] = _median_ms(lambda: _head_topk(hidden, block), self.repeats)
+                head_topk(hidden, block)  # warm
+                self.measured[size] = median_ms(lambda: head_topk(hidden, block), self.repeats)
         return self.measured[size]
 
 
 @dataclass
 class PriorProblem:
     sequences: list[Sequence]
-    ranked_prior: list[int]  # models/prior.ranked_tokens
+    ranked_prior: list[int]  # vocab_tools/prior.ranked_tokens
     eos: list[int]
     vocab_size: int
     backbone_ms: float

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanospec_server.bench.replay import Sequence, replay, static_coverage
+from nanospec_server.vocab_tools.replay import Sequence, replay, static_coverage
 
 V = 50
 

@@ -15,10 +15,10 @@ from torch import nn
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from nanospec_server.cli import main
-from nanospec_server.models.answers import assistant_texts
 from nanospec_server.models.tiny import tiny_model_path
 from nanospec_server.models.tiny.tokenizer import CORPUS_PATH
-from nanospec_server.models.trim import (
+from nanospec_server.vocab_tools.answers import assistant_texts
+from nanospec_server.vocab_tools.trim import (
     DraftShape,
     LatencyModel,
     TreeShape,

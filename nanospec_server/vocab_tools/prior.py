@@ -20,15 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from nanospec_server.models.paths import cache_root
-from nanospec_server.models.token_map import top_k_token_ids
+from nanospec_server.train.prompts import Split, chat_prompts, stdlib_prose
+from nanospec_server.vocab_tools.token_map import top_k_token_ids
 
 PRIOR_VERSION = 1  # bump when the corpus changes: cached rankings are then recomputed
 CORPUS_PROMPTS = 2000
 
 
 def prior_corpus() -> Iterator[str]:
-    from nanospec_server.train.prompts import Split, chat_prompts, stdlib_prose
-
     paragraphs, sentences = stdlib_prose()
     yield from paragraphs
     yield from sentences
