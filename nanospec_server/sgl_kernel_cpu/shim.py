@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nanospec_server.sglang_plugin import seams
+from nanospec_server import seams
 from nanospec_server.env import CPU_SHIM, cpu_shim_switch
 
 __all__ = ["activate_shim", "needs_shim", "real_sgl_kernel_loads", "shim_dir"]

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from nanospec_server.sglang_plugin import seams
+from nanospec_server import seams
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from nanospec_server.sglang_plugin import seams
+from nanospec_server import seams
 from nanospec_server.sglang_plugin.spec.verify_capture import eagle_sample_hook
 
 logger = logging.getLogger(__name__)

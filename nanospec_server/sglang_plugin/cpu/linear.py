@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from nanospec_server import seams
 from nanospec_server.ops.packed_linear import (
     OneDnnWeight,
     enabled,
@@ -34,10 +35,8 @@ from nanospec_server.ops.packed_linear import (
     packable,
     packed_linear,
 )
-from nanospec_server.sglang_plugin import seams
 
 logger = logging.getLogger(__name__)
-
 
 
 def after_loading_hook(original: Callable, method, layer: torch.nn.Module) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from nanospec_server.sglang_plugin import seams
+from nanospec_server import seams
 
 
 def group_without_device_communicators(original: Callable, *args, **kwargs):

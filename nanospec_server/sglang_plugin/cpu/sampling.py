@@ -23,9 +23,9 @@ from collections.abc import Callable
 
 import torch
 
+from nanospec_server import seams
 from nanospec_server.sgl_kernel_cpu.ops import registry
 from nanospec_server.sgl_kernel_cpu.ops.renorm import top_k_renorm_prob, top_p_renorm_prob
-from nanospec_server.sglang_plugin import seams
 
 __all__ = ["install_cpu_sampling_hook", "stand_in_active"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
-from nanospec_server.sglang_plugin import seams
+from nanospec_server import seams
 
 
 def _sampled(args: tuple, kwargs: dict) -> tuple[Any, list[int]]:

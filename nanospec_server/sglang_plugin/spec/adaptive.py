@@ -43,9 +43,9 @@ from sglang.srt.runtime_context import attn_dp_enabled_of, get_exec
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
+from nanospec_server import seams
 from nanospec_server.adaptive.policy import Decision, GoodputPolicy
 from nanospec_server.config import NanoSpecConfig
-from nanospec_server.sglang_plugin import seams
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from nanospec_server.sglang_plugin import seams
+from nanospec_server import seams
 
 
 class DraftTopk:

@@ -1,4 +1,4 @@
-"""`sglang_plugin/seams.py` is the whole list of our patches to SGLang: every listed symbol
+"""`seams.py` is the whole list of our patches to SGLang: every listed symbol
 exists in the pinned SGLang, no other module names a hook target or patches SGLang itself,
 and every listed seam is installed by the module it names."""
 
@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from nanospec_server import host
-from nanospec_server.sglang_plugin import seams
-from nanospec_server.sglang_plugin.seams import Seam, SeamKind
+from nanospec_server import host, seams
+from nanospec_server.seams import Seam, SeamKind
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "nanospec_server"
-SEAMS_FILE = PACKAGE / "sglang_plugin" / "seams.py"
+SEAMS_FILE = PACKAGE / "seams.py"
 PATCHED_PACKAGES = ("sglang", "uvicorn")
 DOTTED = re.compile(rf"^(?:{'|'.join(PATCHED_PACKAGES)})(?:\.\w+)+$")
 REGISTRY_NAMES = {"HookRegistry", "HookType"}
@@ -162,7 +161,7 @@ def test_no_module_but_seams_names_a_hook_target_or_patches_sglang() -> None:
         for path in sorted(PACKAGE.rglob("*.py"))
         if path != SEAMS_FILE and (found := stray_seams(path.read_text(encoding="utf-8")))
     }
-    assert not strays, f"list these in sglang_plugin/seams.py and install them from there: {strays}"
+    assert not strays, f"list these in seams.py and install them from there: {strays}"
 
 
 @pytest.mark.parametrize(
