@@ -3,7 +3,8 @@ weights load: a server that only finds out while loading pushes other processes 
 (or is OOM-killed mid warm-up).
 
 Needed: the weights at the served dtype (target + draft, counted from the safetensors
-headers), NanoSpec's packed draft head, the KV pool of `--max-total-tokens` (target +
+headers), the packed heads (NanoSpec's draft head; in fp32 the oneDNN copy of each LM
+head, beside the plain rows), the KV pool of `--max-total-tokens` (target +
 draft layers), and `OVERHEAD_BYTES` for SGLang's three processes. Free: the smaller of
 `/proc/meminfo`'s MemAvailable and the cgroup's limit minus its usage. SGLang itself
 sizes a CPU KV pool within `--mem-fraction-static` of the memory free when its scheduler
@@ -28,6 +29,7 @@ FREE_MEMORY_ENV = "NANOSPEC_FREE_MEMORY_BYTES"
 # three RSS add up to 2.8-3.1 GiB, counting the shared libraries once per process).
 OVERHEAD_BYTES = 2 * 2**30
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+CPU_LINEAR_ENV = "NANOSPEC_CPU_LINEAR"  # read by sglang_plugin/cpu/linear.py
 # cgroup v1 reports "no limit" as a page-rounded 2^63 - 1.
 NO_LIMIT_V1 = 2**60
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
@@ -86,15 +88,32 @@ def free_bytes() -> int:
 
 def parameter_count(model_dir: Path) -> int:
     """Elements of every tensor in the model's safetensors files (headers only)."""
-    count = 0
+    return sum(math.prod(shape) for shape in tensor_shapes(model_dir).values())
+
+
+def tensor_shapes(model_dir: Path) -> dict[str, list[int]]:
+    """Every tensor's shape, from the model's safetensors headers."""
+    shapes: dict[str, list[int]] = {}
     for path in sorted(model_dir.glob("*.safetensors")):
         with open(path, "rb") as file:
             (length,) = struct.unpack("<Q", file.read(8))
             header = json.loads(file.read(length))
-        for name, tensor in header.items():
-            if name != "__metadata__":
-                count += math.prod(tensor["shape"])
-    return count
+        shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
+    return shapes
+
+
+def packed_lm_head_copies(target: Path, draft: Path | None, nanospec: bool) -> int:
+    """fp32 elements of the oneDNN-packed LM-head copies a CPU server makes on first use
+    (`sglang_plugin/cpu/linear.py`), beside the plain rows the embedding (tied) or SGLang's
+    head module (untied) keeps: the target's head, and a draft's own head unless NanoSpec
+    computes it."""
+    if os.environ.get(CPU_LINEAR_ENV, "1") == "0":
+        return 0
+    config = json.loads((target / "config.json").read_text())
+    elements = config["vocab_size"] * config["hidden_size"]
+    if draft is not None and not nanospec:
+        elements += math.prod(tensor_shapes(draft).get("lm_head.weight", [0]))
+    return elements
 
 
 def served_dtype_bytes(dtype: str, model_dir: Path) -> int:
@@ -157,10 +176,13 @@ def needs_of(
     dtype: str,
     max_total_tokens: int | None,
     packed_head: int,
+    nanospec: bool = False,
 ) -> Needs:
     element_size = served_dtype_bytes(dtype, target)
     models = [target] if draft is None else [target, draft]
     weights = sum(parameter_count(model) for model in models) * element_size
+    if element_size == 4:  # fp32 LM heads are packed for oneDNN
+        packed_head += packed_lm_head_copies(target, draft, nanospec) * element_size
     kv_pool = None
     if max_total_tokens is not None:
         kv_pool = max_total_tokens * sum(kv_bytes_per_token(m, element_size) for m in models)
@@ -186,10 +208,11 @@ def check_server(server_args, config) -> str | None:
     draft = Path(draft_path) if draft_path else None
     if not all(m.is_dir() and any(m.glob("*.safetensors")) for m in [target, draft] if m):
         return None
-    packed_head = 0
-    if draft is not None and config.mode == Mode.NANOSPEC:
+    packed_head, nanospec = 0, draft is not None and config.mode == Mode.NANOSPEC
+    if nanospec:
         slots = resolved("max_running_requests") or DEFAULT_RUNNING_REQUESTS
         element_size = served_dtype_bytes(resolved("dtype"), target)
         packed_head = packed_head_bytes(draft, element_size, config.w_cap, slots)
-    needs = needs_of(target, draft, resolved("dtype"), resolved("max_total_tokens"), packed_head)
+    dtype, tokens = resolved("dtype"), resolved("max_total_tokens")
+    needs = needs_of(target, draft, dtype, tokens, packed_head, nanospec)
     return refusal(needs, free_bytes(), resolved("mem_fraction_static"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,10 +70,28 @@ def test_weights_and_kv_pool_of_the_tiny_models() -> None:
     stored = sum(
         t.numel() for m in (target, draft) for t in load_file(m / "model.safetensors").values()
     )
-    needs = memory_check.needs_of(target, draft, "float32", 1000, packed_head=7)
-    assert needs.weights == stored * torch.float32.itemsize
-    per_token = sum(memory_check.kv_bytes_per_token(m, 4) for m in (target, draft))
+    needs = memory_check.needs_of(target, draft, "bfloat16", 1000, packed_head=7)
+    assert needs.weights == stored * torch.bfloat16.itemsize
+    per_token = sum(memory_check.kv_bytes_per_token(m, 2) for m in (target, draft))
     assert needs.kv_pool == 1000 * per_token and needs.packed_head == 7
+
+
+def test_fp32_counts_the_packed_copy_of_each_lm_head_nanospec_does_not_compute(
+    monkeypatch,
+) -> None:
+    monkeypatch.delenv(memory_check.CPU_LINEAR_ENV, raising=False)
+    target, draft = tiny_model_path("tiny-target"), tiny_model_path("tiny-eagle")
+    head = {m: load_file(m / "model.safetensors").get("lm_head.weight") for m in (target, draft)}
+    target_head = json.loads((target / "config.json").read_text())
+    target_copy = target_head["vocab_size"] * target_head["hidden_size"] * 4
+    # a draft without its own head rows shares the target's head, and its one packed copy
+    draft_copy = 0 if head[draft] is None else head[draft].numel() * 4
+    full = memory_check.needs_of(target, draft, "float32", None, 0, nanospec=False)
+    assert full.packed_head == target_copy + draft_copy
+    nanospec = memory_check.needs_of(target, draft, "float32", None, 7, nanospec=True)
+    assert nanospec.packed_head == 7 + target_copy
+    monkeypatch.setenv(memory_check.CPU_LINEAR_ENV, "0")
+    assert memory_check.needs_of(target, draft, "float32", None, 7, nanospec=True).packed_head == 7
     assert memory_check.needs_of(target, None, "bfloat16", None, 0).kv_pool is None
 
 
