@@ -133,29 +133,36 @@ def kv_bytes_per_token(model_dir: Path, element_size: int) -> int:
     return 2 * config["num_hidden_layers"] * heads * head_dim * element_size
 
 
+def size(bytes_: float) -> str:
+    return f"{bytes_ / GIB:.2f} GiB" if bytes_ >= GIB else f"{bytes_ / 2**20:.1f} MiB"
+
+
 def refusal(needs: Needs, free: int, mem_fraction_static: float) -> str | None:
     """Why this server cannot fit in `free` bytes (None: it fits). SGLang's rule first:
     weights and head within `mem_fraction_static` of what is free once its processes run;
     then, with a KV pool of a set size, everything within what is free."""
     loaded = needs.weights + needs.packed_head
-    parts = (
-        f"weights {needs.weights / GIB:.2f} GiB + NanoSpec's packed head "
-        f"{needs.packed_head / GIB:.2f} GiB"
-    )
-    budget = max(free - needs.overhead, 0) * mem_fraction_static
+    parts = f"weights {size(needs.weights)} + NanoSpec's packed head {size(needs.packed_head)}"
+    if free <= needs.overhead:
+        return (
+            f"only {size(free)} is free, less than SGLang's processes take "
+            f"({size(needs.overhead)}) before loading {parts}; free memory on this "
+            "host, or serve where more is free"
+        )
+    budget = (free - needs.overhead) * mem_fraction_static
     if loaded > budget:
         return (
-            f"this server loads {parts} = {loaded / GIB:.2f} GiB, more than "
-            f"--mem-fraction-static={mem_fraction_static} of the {free / GIB:.2f} GiB free "
-            f"less {needs.overhead / GIB:.2f} GiB for SGLang's processes "
-            f"({budget / GIB:.2f} GiB); raise --mem-fraction-static, or serve a smaller "
+            f"this server loads {parts} = {size(loaded)}, more than "
+            f"--mem-fraction-static={mem_fraction_static} of the {size(free)} free "
+            f"less {size(needs.overhead)} for SGLang's processes "
+            f"({size(budget)}); raise --mem-fraction-static, or serve a smaller "
             "--dtype (bfloat16) or model"
         )
     if needs.kv_pool is not None and needs.total > free:
         return (
-            f"this server needs {parts} + KV cache {needs.kv_pool / GIB:.2f} GiB + SGLang's "
-            f"processes {needs.overhead / GIB:.2f} GiB = {needs.total / GIB:.2f} GiB, more "
-            f"than the {free / GIB:.2f} GiB free; lower --max-total-tokens, or serve a "
+            f"this server needs {parts} + KV cache {size(needs.kv_pool)} + SGLang's "
+            f"processes {size(needs.overhead)} = {size(needs.total)}, more "
+            f"than the {size(free)} free; lower --max-total-tokens, or serve a "
             "smaller --dtype (bfloat16)"
         )
     return None
