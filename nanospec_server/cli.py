@@ -265,6 +265,10 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
             2, f"nanospec: error: --port: {server_args.host}:{server_args.port} is in use\n"
         )
     if on_cpu:
+        from nanospec_server.memory_check import check_server
+
+        if (refused := check_server(server_args, config)) is not None:
+            parser.exit(2, f"nanospec: error: not enough memory: {refused}\n")
         host.bind_cpu_ranks(server_args.tp_size * server_args.dp_size * server_args.pp_size)
     host.redact_from_logs(server_args.admin_api_key, server_args.api_key)
 

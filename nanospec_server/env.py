@@ -16,6 +16,7 @@ CONFIG = "NANOSPEC_CONFIG"
 CPU_LINEAR = "NANOSPEC_CPU_LINEAR"
 CPU_SHIM = "NANOSPEC_CPU_SHIM"
 CPU_THREADS = "NANOSPEC_CPU_THREADS"
+FREE_MEMORY_BYTES = "NANOSPEC_FREE_MEMORY_BYTES"
 FUSED_TOPK = "NANOSPEC_FUSED_TOPK"
 OPS = "NANOSPEC_OPS"
 RECORD_STREAMS = "NANOSPEC_RECORD_STREAMS"
@@ -52,6 +53,13 @@ def config_json() -> str | None:
 def cpu_linear() -> bool:
     """NANOSPEC_CPU_LINEAR: ``0`` turns off the packed fp32 CPU linear layers. Default on."""
     return os.environ.get(CPU_LINEAR, "1") != "0"
+
+
+def free_memory_bytes() -> int | None:
+    """NANOSPEC_FREE_MEMORY_BYTES: the memory `nanospec serve`'s check takes as free on a CPU,
+    for a host whose kernel misreports it (and for tests). Unset: read from the host."""
+    value = os.environ.get(FREE_MEMORY_BYTES)
+    return int(value) if value else None
 
 
 def cpu_shim_switch() -> str:

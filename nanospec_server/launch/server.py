@@ -126,15 +126,25 @@ def exit_on_sigterm() -> Iterator[None]:
 
 def _start(args: list[str], log_path: Path, started: list[subprocess.Popen]):
     """`nanospec serve` on a port free now, logging to ``log_path``: (url, process)."""
+    url, process = start_server_process(args, log_path)
+    started.append(process)
+    return url, process
+
+
+def start_server_process(
+    args: list[str], log_path: Path, warmup: bool = False
+) -> tuple[str, subprocess.Popen]:
+    """`nanospec serve` on a port free now, in a session of its own, logging to
+    ``log_path``: (url, process), not waiting for it. ``warmup`` keeps SGLang's warm-up
+    request, which the other starts skip."""
     port = free_port()
     command = [sys.executable, "-m", "nanospec_server.cli", "serve", "--port", str(port)]
-    command += ["--skip-server-warmup", *args]
+    command += [*([] if warmup else ["--skip-server-warmup"]), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    started.append(process)
     return f"http://127.0.0.1:{port}", process
 
 
