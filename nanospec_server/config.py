@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from nanospec_server.adaptive.registry import policy_names
 
 CONFIG_ENV = "NANOSPEC_CONFIG"
 HISTORY_ENV = "NANOSPEC_STATS_HISTORY"  # finished requests /stats/vocab keeps per DP rank
@@ -60,6 +62,8 @@ class NanoSpecConfig(BaseModel):
     # Adaptive speculation (sglang_plugin/spec/adaptive.py): each step's draft depth, 0 to the
     # launch's, from the batch size, the measured acceptance and a per-host cost model.
     adaptive: bool = Field(False, description="choose each step's draft depth (goodput)")
+    # Which depth policy chooses (adaptive/registry.py): "goodput" or "fixed".
+    adaptive_policy: str = Field("goodput", description="the depth policy, by registry name")
     # Pins every step's depth to one of the candidates (-1: the policy chooses): for
     # measuring one depth's cost and for tests that switch the depth at known steps.
     adaptive_depth: int = Field(-1, ge=-1, description="pinned draft depth (-1: none)")
@@ -72,6 +76,13 @@ class NanoSpecConfig(BaseModel):
     adaptive_skip_extend: bool = Field(
         True, description="at depth 0, the draft extend only before a drafting step (start-time)"
     )
+
+    @field_validator("adaptive_policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        if name not in policy_names():
+            raise ValueError(f"unknown depth policy {name!r}; known: {', '.join(policy_names())}")
+        return name
 
     @model_validator(mode="after")
     def _w_max_fits(self) -> NanoSpecConfig:

@@ -7,7 +7,8 @@ applies one before each decode step (`activate_step_by_batch`), fed after each v
 with top-k 1 only, and its STANDALONE worker leaves the controller out. We plug our policy
 (`adaptive/policy.py`: goodput under a per-host cost model) into that same controller,
 installed after the worker has built its graphs, so STANDALONE drafts and top-k > 1 trees
-get it too. The candidate depths never exceed the launch's `--speculative-num-steps`, so
+get it too. Which policy is `--nanospec-adaptive-policy`'s, built through
+`adaptive/registry.py` and asked only what `adaptive/depth_policy.py`'s protocol offers. The candidate depths never exceed the launch's `--speculative-num-steps`, so
 every buffer SGLang and NanoSpec sized at start (verify width, packed head, windows) fits
 them all.
 
@@ -44,7 +45,14 @@ from sglang.srt.runtime_context import attn_dp_enabled_of, get_exec
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
-from nanospec_server.adaptive.policy import Decision, GoodputPolicy
+from nanospec_server.adaptive.depth_policy import (
+    VERIFY,
+    VERIFY_WITHOUT_EXTEND,
+    DepthPolicy,
+    StepRecord,
+)
+from nanospec_server.adaptive.policy import Decision
+from nanospec_server.adaptive.registry import build_policy
 from nanospec_server.config import NanoSpecConfig
 
 logger = logging.getLogger(__name__)
@@ -55,10 +63,10 @@ SKIP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 CUDA_TIME_EVERY = 8  # on a GPU a timed step costs two host syncs: time one step in 8
 
 
-class GoodputAdapter:
-    """Our policy behind SGLang's `AdaptiveSpecPolicy` protocol."""
+class PolicyAdapter:
+    """Our depth policy behind SGLang's `AdaptiveSpecPolicy` protocol."""
 
-    def __init__(self, policy: GoodputPolicy, state: AdaptiveState) -> None:
+    def __init__(self, policy: DepthPolicy, state: AdaptiveState) -> None:
         self.policy = policy
         self.state = state
         self._graph_bs: list[int] | None = None
@@ -82,7 +90,7 @@ class GoodputAdapter:
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int):
         # The depth in force: with SGLang's overlap schedule (GPU) these counts can arrive a
         # step after a switch, which the estimate absorbs; the CPU path has no overlap.
-        self.policy.acceptance.observe(num_correct_drafts_per_req, self.state.depth_in_force)
+        self.policy.observe_acceptance(num_correct_drafts_per_req, self.state.depth_in_force)
         return None  # the next step's `get_steps_for_batch` decides
 
 
@@ -90,14 +98,15 @@ class GoodputAdapter:
 class AdaptiveState:
     """What one scheduler process publishes about adaptive speculation."""
 
-    policy_name: str  # "goodput" (ours), "sglang" (--speculative-adaptive) or "off"
+    policy_name: str  # ours by name ("goodput", "fixed"), "sglang" (--speculative-adaptive), "off"
     candidates: list[int]
-    policy: GoodputPolicy | None = None
+    policy: DepthPolicy | None = None
     skip_extend: bool = False  # at depth 0, the draft extend only before a drafting step
     worker: object | None = None  # the EAGLEWorkerV2 (its stub for a skipped extend)
     depth_in_force: int = 0
     last_decision: Decision | None = None
     pending: Decision | None = None  # the next step's depth, decided a step early
+    path: str = VERIFY  # the path the step running now takes
     steps_by_depth: Counter = field(default_factory=Counter)
     steps_by_batch_size: Counter = field(default_factory=Counter)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
@@ -112,8 +121,8 @@ class AdaptiveState:
         entry = {"batch_size": batch_size, "depth": depth, "reason": reason}
         entry["step_ms"] = round(1000 * seconds, 3) if seconds is not None else None
         self.recent.append(entry)
-        if seconds is not None and self.policy is not None:
-            self.policy.cost.observe(batch_size, depth, seconds)
+        if self.policy is not None:
+            self.policy.observe_step(StepRecord(batch_size, depth, self.path, seconds))
 
     def next_step_drafts(self, batch_size: int) -> bool:
         """Decide the next step's depth now (it runs at it): does it draft?"""
@@ -136,13 +145,7 @@ class AdaptiveState:
             "recent_steps": list(self.recent),
         }
         if self.policy is not None:
-            cost = self.policy.cost
-            out["pinned_depth"] = self.policy.pinned
-            out["acceptance_rate"] = self.policy.acceptance.rate
-            out["cost_model_ready"] = cost.ready
-            out["cost_model_ms"] = (
-                [round(1000 * float(c), 4) for c in cost.coefficients()] if cost.ready else None
-            )
+            out.update(self.policy.published())
             decision = self.last_decision
             out["last_goodput"] = (
                 {str(k): v for k, v in decision.goodput.items()} if decision else {}
@@ -176,9 +179,9 @@ def install(worker, config: NanoSpecConfig) -> None:
     if reason := unsupported_reason(worker.server_args):
         raise ValueError(f"--nanospec-adaptive: not with {reason}")
     candidates = candidate_depths(worker)
-    policy = GoodputPolicy(candidates)
-    ADAPTIVE = AdaptiveState("goodput", candidates, policy, config.adaptive_skip_extend, worker)
-    controller = AdaptiveController(worker, GoodputAdapter(policy, ADAPTIVE))
+    policy = build_policy(config.adaptive_policy, candidates)
+    ADAPTIVE = AdaptiveState(policy.name, candidates, policy, config.adaptive_skip_extend, worker)
+    controller = AdaptiveController(worker, PolicyAdapter(policy, ADAPTIVE))
     with draft_tp_context(worker._draft_worker.parallel_layout):  # as SGLang builds its own
         controller.register(_current_state(worker))
         if worker.topk > 1:  # SGLang's controller would build a chain's width (steps + 1)
@@ -186,7 +189,7 @@ def install(worker, config: NanoSpecConfig) -> None:
         controller.init_states(cuda_graph_bs=_graph_batch_sizes())
     worker.adaptive_controller = controller
     ADAPTIVE.depth_in_force = worker.speculative_num_steps
-    logger.info("nanospec: adaptive speculation (goodput), depths %s", candidates)
+    logger.info("nanospec: adaptive speculation (%s), depths %s", policy.name, candidates)
 
 
 def unsupported_reason(server_args) -> str | None:
@@ -240,6 +243,7 @@ def timed_forward(original, worker, batch, *args, **kwargs):
     cuda = worker.device == "cuda" or str(worker.device).startswith("cuda")
     timed = not cuda or state.timed_steps % CUDA_TIME_EVERY == 0
     state.timed_steps += 1
+    state.path = VERIFY
     if timed and cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -263,6 +267,7 @@ def extend_skipped(batch, batch_output) -> bool:
     if state.next_step_drafts(batch.seq_lens.shape[0]):
         return False
     state.worker._stub_skipped_draft_extend(batch, batch_output)
+    state.path = VERIFY_WITHOUT_EXTEND
     state.extends_skipped += 1
     return True
 
