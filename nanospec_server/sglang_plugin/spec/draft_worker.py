@@ -19,8 +19,9 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
 from nanospec_server.config import Mode, NanoSpecConfig
-from nanospec_server.sglang_plugin.spec import adaptive, eagle3, tp_head
+from nanospec_server.sglang_plugin.spec import adaptive, tp_head
 from nanospec_server.sglang_plugin.spec import runtime as runtime_module
+from nanospec_server.sglang_plugin.spec.draft_kinds import eagle3
 from nanospec_server.sglang_plugin.spec.packed_head import PackedHeadLogitsProcessor
 from nanospec_server.sglang_plugin.spec.runtime import NanoSpecRuntime
 from nanospec_server.sglang_plugin.stats.request_stats import RequestStats
