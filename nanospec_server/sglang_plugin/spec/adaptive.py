@@ -157,10 +157,9 @@ ADAPTIVE: AdaptiveState | None = None  # one per scheduler process
 
 
 def candidate_depths(worker) -> list[int]:
-    """Every depth up to the launch's for a chain (top-k 1); for a tree, drafting on or off
-    (its node budget is tuned for the full depth; shallower trees would need their own)."""
-    deepest = worker.speculative_num_steps
-    return list(range(deepest + 1)) if worker.topk == 1 else [0, deepest]
+    """The depths the worker's draft kind lets a policy choose among, up to the launch's."""
+    kind = worker._draft_worker.draft_kind
+    return kind.candidate_depths(worker.speculative_num_steps, worker.topk)
 
 
 def install(worker, config: NanoSpecConfig) -> None:
