@@ -54,6 +54,7 @@ from nanospec_server.adaptive.depth_policy import (
 from nanospec_server.adaptive.policy import Decision
 from nanospec_server.adaptive.registry import build_policy
 from nanospec_server.config import NanoSpecConfig
+from nanospec_server.sglang_plugin.spec.step_context import current
 
 logger = logging.getLogger(__name__)
 
@@ -153,9 +154,6 @@ class AdaptiveState:
         return out
 
 
-ADAPTIVE: AdaptiveState | None = None  # one per scheduler process
-
-
 def candidate_depths(worker) -> list[int]:
     """The depths the worker's draft kind lets a policy choose among, up to the launch's."""
     kind = worker._draft_worker.draft_kind
@@ -164,30 +162,31 @@ def candidate_depths(worker) -> list[int]:
 
 def install(worker, config: NanoSpecConfig) -> None:
     """AFTER `EAGLEWorkerV2.init_cuda_graphs` (STANDALONE's worker inherits it)."""
-    global ADAPTIVE
+    context = current()
     if getattr(worker, "_draft_worker", None) is None:
         return  # a pipeline stage that does not draft
     if worker.adaptive_controller is not None:  # --speculative-adaptive: SGLang's policy
-        ADAPTIVE = AdaptiveState("sglang", worker.adaptive_controller.candidate_steps)
-        ADAPTIVE.depth_in_force = worker.speculative_num_steps
+        context.adaptive = AdaptiveState("sglang", worker.adaptive_controller.candidate_steps)
+        context.adaptive.depth_in_force = worker.speculative_num_steps
         return
     if not config.adaptive:
-        ADAPTIVE = AdaptiveState("off", [worker.speculative_num_steps])
-        ADAPTIVE.depth_in_force = worker.speculative_num_steps
+        context.adaptive = AdaptiveState("off", [worker.speculative_num_steps])
+        context.adaptive.depth_in_force = worker.speculative_num_steps
         return
     if reason := unsupported_reason(worker.server_args):
         raise ValueError(f"--nanospec-adaptive: not with {reason}")
     candidates = candidate_depths(worker)
     policy = build_policy(config.adaptive_policy, candidates)
-    ADAPTIVE = AdaptiveState(policy.name, candidates, policy, config.adaptive_skip_extend, worker)
-    controller = AdaptiveController(worker, PolicyAdapter(policy, ADAPTIVE))
+    state = AdaptiveState(policy.name, candidates, policy, config.adaptive_skip_extend, worker)
+    context.adaptive = state
+    controller = AdaptiveController(worker, PolicyAdapter(policy, state))
     with draft_tp_context(worker._draft_worker.parallel_layout):  # as SGLang builds its own
         controller.register(_current_state(worker))
         if worker.topk > 1:  # SGLang's controller would build a chain's width (steps + 1)
             controller.register(worker.build_adaptive_runtime_state(0, 1, cuda_graph_bs=None))
         controller.init_states(cuda_graph_bs=_graph_batch_sizes())
     worker.adaptive_controller = controller
-    ADAPTIVE.depth_in_force = worker.speculative_num_steps
+    state.depth_in_force = worker.speculative_num_steps
     logger.info("nanospec: adaptive speculation (%s), depths %s", policy.name, candidates)
 
 
@@ -235,7 +234,7 @@ def after_init_cuda_graphs(result, worker, *args, **kwargs):
 
 def timed_forward(original, worker, batch, *args, **kwargs):
     """AROUND `forward_batch_generation`: a decode step's wall time, at the depth it ran."""
-    state = ADAPTIVE
+    state = current().adaptive
     decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
     if state is None or not decode or batch.forward_mode.is_idle():
         return original(worker, batch, *args, **kwargs)
@@ -258,7 +257,7 @@ def timed_forward(original, worker, batch, *args, **kwargs):
 def extend_skipped(batch, batch_output) -> bool:
     """At a depth-0 step whose next step does not draft either: skip the draft extend
     (SGLang's stub fills the draft input, `window_update_without_extend` the window)."""
-    state = ADAPTIVE
+    state = current().adaptive
     if state is None or not state.skip_extend or batch.forward_mode.is_idle():
         return False
     if state.worker.speculative_num_steps != 0:
@@ -279,7 +278,7 @@ def prefill_topk_skipped(batch) -> bool:
     adds to a short request's cost under load (~4 ms per prompt token for a 152k x 896
     head on one core). A request prefilled so drafts from its prompt's tokens and the
     target's top-K_ver of every step since, once drafting resumes (lossless either way)."""
-    state = ADAPTIVE
+    state = current().adaptive
     if state is None or state.policy is None or not state.skip_extend:
         return False
     running = state.recent[-1]["batch_size"] if state.recent else 0
@@ -305,10 +304,12 @@ def register_hooks() -> None:
 
 
 def apply_live(config: NanoSpecConfig) -> None:
-    if ADAPTIVE is not None and ADAPTIVE.policy is not None:
-        ADAPTIVE.policy.enabled = config.adaptive
-        ADAPTIVE.policy.pinned = None if config.adaptive_depth == -1 else config.adaptive_depth
+    state = current().adaptive
+    if state is not None and state.policy is not None:
+        state.policy.enabled = config.adaptive
+        state.policy.pinned = None if config.adaptive_depth == -1 else config.adaptive_depth
 
 
 def published() -> dict | None:
-    return ADAPTIVE.published() if ADAPTIVE is not None else None
+    state = current().adaptive
+    return state.published() if state is not None else None

@@ -18,8 +18,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
 from nanospec_server.config import Mode, NanoSpecConfig
-from nanospec_server.sglang_plugin.spec import adaptive, tp_head
-from nanospec_server.sglang_plugin.spec import runtime as runtime_module
+from nanospec_server.sglang_plugin.spec import adaptive, step_context, tp_head
 from nanospec_server.sglang_plugin.spec.draft_kinds.base import DraftKind
 from nanospec_server.sglang_plugin.spec.draft_kinds.registry import draft_kind_for
 from nanospec_server.sglang_plugin.spec.packed_head import PackedHeadLogitsProcessor
@@ -50,7 +49,7 @@ class NanoSpecDraftMixin:
         else:
             self.draft_kind.prepare_head(self)
         self.nanospec = _build_runtime(self)
-        runtime_module.RUNTIME = self.nanospec
+        step_context.current().runtime = self.nanospec
         draft_model = self.draft_runner.model
         draft_model.logits_processor = PackedHeadLogitsProcessor(
             draft_model.logits_processor, self.nanospec, self.topk, self.padding_columns
