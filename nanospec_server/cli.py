@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from nanospec_server import engine_watch, env, host
+from nanospec_server.adaptive.registry import DEFAULT_POLICY, policy_names
 from nanospec_server.admin.cli import add_admin_commands
 from nanospec_server.bench.cli import add_bench_command
 from nanospec_server.config import DEFAULT_HISTORY, Mode, NanoSpecConfig
@@ -83,6 +84,12 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         "it unless the next step drafts, so a run of depth-0 steps costs plain decodes: "
         "still lossless, the draft's cache then lacks that run's tokens but the last",
     )  # fmt: skip
+    nanospec.add_argument(
+        "--nanospec-adaptive-policy", choices=policy_names(), default=None,
+        help=f"with --nanospec-adaptive: the policy that chooses each step's depth "
+        f"(default {DEFAULT_POLICY}: the goodput rule; fixed: the launch's depth every step "
+        "unless pinned live)",
+    )  # fmt: skip
 
 
 def _add_token_map_command(commands: argparse._SubParsersAction) -> None:
@@ -135,6 +142,7 @@ def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             prior_k=args.nanospec_prior_k,
             adaptive=args.nanospec_adaptive,
             adaptive_skip_extend=not args.nanospec_adaptive_keep_extend,
+            adaptive_policy=args.nanospec_adaptive_policy or DEFAULT_POLICY,
         )
     except ValidationError as error:
         problems = "; ".join(
@@ -191,6 +199,8 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
 def _check_extend_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if args.nanospec_adaptive_keep_extend and not args.nanospec_adaptive:
         parser.error("--nanospec-adaptive-keep-extend: needs --nanospec-adaptive")
+    if args.nanospec_adaptive_policy is not None and not args.nanospec_adaptive:
+        parser.error("--nanospec-adaptive-policy: needs --nanospec-adaptive")
 
 
 def _admin_key_from_env(parser: argparse.ArgumentParser) -> str | None:

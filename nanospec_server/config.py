@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nanospec_server.adaptive.registry import policy_names
 from nanospec_server.env import config_json
 
 DEFAULT_HISTORY = 1024
@@ -59,6 +60,8 @@ class NanoSpecConfig(BaseModel):
     # Adaptive speculation (sglang_plugin/spec/adaptive.py): each step's draft depth, 0 to the
     # launch's, from the batch size, the measured acceptance and a per-host cost model.
     adaptive: bool = Field(False, description="choose each step's draft depth (goodput)")
+    # Which depth policy chooses (adaptive/registry.py): "goodput" or "fixed".
+    adaptive_policy: str = Field("goodput", description="the depth policy, by registry name")
     # Pins every step's depth to one of the candidates (-1: the policy chooses): for
     # measuring one depth's cost and for tests that switch the depth at known steps.
     adaptive_depth: int = Field(-1, ge=-1, description="pinned draft depth (-1: none)")
@@ -71,6 +74,13 @@ class NanoSpecConfig(BaseModel):
     adaptive_skip_extend: bool = Field(
         True, description="at depth 0, the draft extend only before a drafting step (start-time)"
     )
+
+    @field_validator("adaptive_policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        if name not in policy_names():
+            raise ValueError(f"unknown depth policy {name!r}; known: {', '.join(policy_names())}")
+        return name
 
     @model_validator(mode="after")
     def _w_max_fits(self) -> NanoSpecConfig:

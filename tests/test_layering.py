@@ -1,6 +1,7 @@
 """Imports run one way: no module imports itself through others, and no package imports a
 package of a higher layer. The layers are the list under "Layers" in docs/modules.md; every
-import counts, at module level and inside functions alike."""
+import counts, at module level and inside functions alike, except those under
+``if TYPE_CHECKING:``, which only name types for annotations and load nothing."""
 
 from __future__ import annotations
 
@@ -41,13 +42,30 @@ def _imported(node: ast.Import | ast.ImportFrom, name: str, is_package: bool) ->
     return [module] + [f"{module}.{alias.name}" for alias in node.names]
 
 
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) in {
+        "TYPE_CHECKING",
+        "typing.TYPE_CHECKING",
+    }
+
+
+def runtime_nodes(tree: ast.AST) -> Iterable[ast.AST]:
+    """Every node of ``tree`` outside ``if TYPE_CHECKING:`` blocks (their ``else`` runs)."""
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            pending.extend(child.orelse if _type_checking_only(child) else [child])
+
+
 def import_graph(root: Path) -> Graph:
     """Module -> the package modules it imports, at any depth of its code."""
     modules = module_names(root)
     graph: Graph = {name: set() for name in modules}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in runtime_nodes(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             loaded = [target for target in _imported(node, name, is_package) if target]
@@ -211,6 +229,20 @@ def test_a_planted_cycle_through_relative_imports_is_reported(tmp_path: Path) ->
          "nanospec_server.ops"]
     ]  # fmt: skip
     assert layer_violations(graph, [{"__init__", "ops"}]) == []
+
+
+def test_type_checking_imports_are_not_counted_but_real_ones_beside_them_are(
+    tmp_path: Path,
+) -> None:
+    graph = _plant(tmp_path, {
+        "__init__.py": "",
+        "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from nanospec_server import b\n",
+        "b.py": "from nanospec_server import a\nif TYPE_CHECKING:\n    pass\nelse:\n    from nanospec_server import c\n",
+        "c.py": "",
+    })  # fmt: skip
+    assert graph["nanospec_server.a"] == set()
+    assert graph["nanospec_server.b"] == {"nanospec_server.a", "nanospec_server.c"}
+    assert cycles(graph) == []
 
 
 def test_a_package_missing_from_the_layers_is_reported() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from nanospec_server.adaptive.registry import policy_names
+
 LIVE_KEYS = ("adaptive", "adaptive_depth")
 
 
@@ -18,7 +20,7 @@ def live_change_problem(changes: dict[str, Any], published: dict[str, Any] | Non
     ("key: ...", naming the setting), or None. Our policy's states are built at start,
     only with --nanospec-adaptive, so without it neither setting can change live."""
     for key in LIVE_KEYS:
-        if key in changes and (published or {}).get("policy") != "goodput":
+        if key in changes and (published or {}).get("policy") not in policy_names():
             return f"{key}: start the server with --nanospec-adaptive to switch it live"
     depth = changes.get("adaptive_depth", -1)
     if depth != -1 and depth not in published["candidate_depths"]:

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from nanospec_server.adaptive.depth_policy import StepRecord
 
 # T(b, k) = c0 + c1*b + c2*k + c3*b*k: a fixed cost per step, a cost per request (the
 # verify of its root token and the draft extend), a cost per draft step (weights read once
@@ -157,6 +161,7 @@ class GoodputPolicy:
     - Off (``enabled`` False), it drafts at the deepest candidate: the fixed behaviour.
     """
 
+    name: ClassVar[str] = "goodput"
     candidates: list[int]
     min_gain: float = 0.03
     probe_every: int = 32
@@ -214,6 +219,24 @@ class GoodputPolicy:
         if not self.cost.ready:
             return None
         return _argmax({k: self.goodput(batch_size, k) for k in self.candidates})
+
+    def observe_step(self, record: StepRecord) -> None:
+        if record.seconds is not None:
+            self.cost.observe(record.batch_size, record.depth, record.seconds)
+
+    def observe_acceptance(self, accepted: list[int], depth: int) -> None:
+        self.acceptance.observe(accepted, depth)
+
+    def published(self) -> dict[str, Any]:
+        ready = self.cost.ready
+        return {
+            "pinned_depth": self.pinned,
+            "acceptance_rate": self.acceptance.rate,
+            "cost_model_ready": ready,
+            "cost_model_ms": [round(1000 * float(c), 4) for c in self.cost.coefficients()]
+            if ready
+            else None,
+        }
 
     def _fixed(self) -> Decision | None:
         """The decision that needs no prediction: the pinned depth, or the deepest while

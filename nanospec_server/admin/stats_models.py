@@ -145,11 +145,12 @@ SUMMED_FIELDS = (
 
 
 ADAPTIVE_DESCRIPTION = (
-    "adaptive speculation: the policy in force (`goodput`: --nanospec-adaptive, `sglang`: "
-    "--speculative-adaptive, `off`), the candidate depths, the depth in force, steps run per "
-    "depth, the latest steps (batch size, depth, why, wall ms), and for `goodput` the "
-    "measured acceptance rate, the cost model T(b, k) = c0 + c1 b + c2 k + c3 b k in ms and "
-    "the predicted tokens/s per depth of the latest decision"
+    "adaptive speculation: the policy in force (`goodput` or `fixed`: --nanospec-adaptive "
+    "with that --nanospec-adaptive-policy, `sglang`: --speculative-adaptive, `off`), the "
+    "candidate depths, the depth in force, steps run per depth, the latest steps (batch "
+    "size, depth, why, wall ms), for `goodput` the measured acceptance rate, the cost model "
+    "T(b, k) = c0 + c1 b + c2 k + c3 b k in ms and the predicted tokens/s per depth of the "
+    "latest decision, for `fixed` its depth and the measured acceptance rate"
 )
 
 

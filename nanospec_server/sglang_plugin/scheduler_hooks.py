@@ -65,7 +65,7 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
 def release_ended_on_idle(scheduler, *args, **kwargs) -> None:
     """BEFORE hook on `Scheduler.on_idle` (no batch in flight): the last requests' slots
     go back now, not when the next request's step comes, so an idle server holds none."""
-    from nanospec_server.sglang_plugin.spec import runtime
+    from nanospec_server.sglang_plugin.spec.step_context import current
 
-    if runtime.RUNTIME is not None:
-        runtime.RUNTIME.release_ended()
+    if (runtime := current().runtime) is not None:
+        runtime.release_ended()

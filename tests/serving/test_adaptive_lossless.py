@@ -238,3 +238,22 @@ def test_sglang_policy_composes_with_nanospec(serve, plain_outputs, tmp_path) ->
     assert stats["policy"] == "sglang"
     assert len(stats["steps_by_depth"]) >= 2, stats
     assert refused.status_code == 400 and "--nanospec-adaptive" in refused.text
+
+
+def test_fixed_policy_drafts_the_launch_depth_and_is_lossless(serve, plain_outputs) -> None:
+    """`--nanospec-adaptive-policy fixed` behind the same extension point as goodput: every
+    step at the launch's depth, greedy output plain decoding's, and the live pin still
+    moves it."""
+    flags = KINDS["eagle-chain"] + ["--nanospec-adaptive", "--nanospec-adaptive-policy", "fixed"]
+    with serve("agree-target", flags) as url:
+        assert generate_staggered(url) == plain_outputs
+        fixed = adaptive_stats(url)
+        assert change_settings(url, {"adaptive_depth": 1}).status_code == 200
+        assert generate(url, PROMPTS[0], MAX_NEW[0])["output_ids"] == plain_outputs[0]
+        pinned = adaptive_stats(url)
+    assert fixed["policy"] == "fixed" and fixed["enabled"] and fixed["fixed_depth"] == 3
+    assert fixed["candidate_depths"] == [0, 1, 2, 3]
+    assert set(fixed["steps_by_depth"]) == {"3"}, fixed
+    assert {step["reason"] for step in fixed["recent_steps"]} == {"fixed"}, fixed
+    assert fixed["extends_skipped"] == 0 and fixed["prefill_topks_skipped"] == 0
+    assert pinned["pinned_depth"] == 1 and "1" in pinned["steps_by_depth"], pinned

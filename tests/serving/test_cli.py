@@ -20,6 +20,8 @@ BAD_FLAGS = [
     (["--tokenizer-worker-num", "2"], "--tokenizer-worker-num"),
     (["--nanospec-adaptive-keep-extend"], "--nanospec-adaptive-keep-extend"),
     (["--nanospec-adaptive", "--speculative-adaptive"], "--nanospec-adaptive"),
+    (["--nanospec-adaptive", "--nanospec-adaptive-policy", "bogus"], "--nanospec-adaptive-policy"),
+    (["--nanospec-adaptive-policy", "fixed"], "--nanospec-adaptive-policy"),
 ]
 
 

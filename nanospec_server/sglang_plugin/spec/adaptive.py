@@ -7,7 +7,8 @@ applies one before each decode step (`activate_step_by_batch`), fed after each v
 with top-k 1 only, and its STANDALONE worker leaves the controller out. We plug our policy
 (`adaptive/policy.py`: goodput under a per-host cost model) into that same controller,
 installed after the worker has built its graphs, so STANDALONE drafts and top-k > 1 trees
-get it too. The candidate depths never exceed the launch's `--speculative-num-steps`, so
+get it too. Which policy is `--nanospec-adaptive-policy`'s, built through
+`adaptive/registry.py` and asked only what `adaptive/depth_policy.py`'s protocol offers. The candidate depths never exceed the launch's `--speculative-num-steps`, so
 every buffer SGLang and NanoSpec sized at start (verify width, packed head, windows) fits
 them all.
 
@@ -44,8 +45,16 @@ from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, Sp
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from nanospec_server import seams
-from nanospec_server.adaptive.policy import Decision, GoodputPolicy
+from nanospec_server.adaptive.depth_policy import (
+    VERIFY,
+    VERIFY_WITHOUT_EXTEND,
+    DepthPolicy,
+    StepRecord,
+)
+from nanospec_server.adaptive.policy import Decision
+from nanospec_server.adaptive.registry import build_policy
 from nanospec_server.config import NanoSpecConfig
+from nanospec_server.sglang_plugin.spec.step_context import current
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +63,10 @@ SKIP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 CUDA_TIME_EVERY = 8  # on a GPU a timed step costs two host syncs: time one step in 8
 
 
-class GoodputAdapter:
-    """Our policy behind SGLang's `AdaptiveSpecPolicy` protocol."""
+class PolicyAdapter:
+    """Our depth policy behind SGLang's `AdaptiveSpecPolicy` protocol."""
 
-    def __init__(self, policy: GoodputPolicy, state: AdaptiveState) -> None:
+    def __init__(self, policy: DepthPolicy, state: AdaptiveState) -> None:
         self.policy = policy
         self.state = state
         self._graph_bs: list[int] | None = None
@@ -81,7 +90,7 @@ class GoodputAdapter:
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int):
         # The depth in force: with SGLang's overlap schedule (GPU) these counts can arrive a
         # step after a switch, which the estimate absorbs; the CPU path has no overlap.
-        self.policy.acceptance.observe(num_correct_drafts_per_req, self.state.depth_in_force)
+        self.policy.observe_acceptance(num_correct_drafts_per_req, self.state.depth_in_force)
         return None  # the next step's `get_steps_for_batch` decides
 
 
@@ -89,14 +98,15 @@ class GoodputAdapter:
 class AdaptiveState:
     """What one scheduler process publishes about adaptive speculation."""
 
-    policy_name: str  # "goodput" (ours), "sglang" (--speculative-adaptive) or "off"
+    policy_name: str  # ours by name ("goodput", "fixed"), "sglang" (--speculative-adaptive), "off"
     candidates: list[int]
-    policy: GoodputPolicy | None = None
+    policy: DepthPolicy | None = None
     skip_extend: bool = False  # at depth 0, the draft extend only before a drafting step
     worker: object | None = None  # the EAGLEWorkerV2 (its stub for a skipped extend)
     depth_in_force: int = 0
     last_decision: Decision | None = None
     pending: Decision | None = None  # the next step's depth, decided a step early
+    path: str = VERIFY  # the path the step running now takes
     steps_by_depth: Counter = field(default_factory=Counter)
     steps_by_batch_size: Counter = field(default_factory=Counter)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
@@ -111,8 +121,8 @@ class AdaptiveState:
         entry = {"batch_size": batch_size, "depth": depth, "reason": reason}
         entry["step_ms"] = round(1000 * seconds, 3) if seconds is not None else None
         self.recent.append(entry)
-        if seconds is not None and self.policy is not None:
-            self.policy.cost.observe(batch_size, depth, seconds)
+        if self.policy is not None:
+            self.policy.observe_step(StepRecord(batch_size, depth, self.path, seconds))
 
     def next_step_drafts(self, batch_size: int) -> bool:
         """Decide the next step's depth now (it runs at it): does it draft?"""
@@ -135,13 +145,7 @@ class AdaptiveState:
             "recent_steps": list(self.recent),
         }
         if self.policy is not None:
-            cost = self.policy.cost
-            out["pinned_depth"] = self.policy.pinned
-            out["acceptance_rate"] = self.policy.acceptance.rate
-            out["cost_model_ready"] = cost.ready
-            out["cost_model_ms"] = (
-                [round(1000 * float(c), 4) for c in cost.coefficients()] if cost.ready else None
-            )
+            out.update(self.policy.published())
             decision = self.last_decision
             out["last_goodput"] = (
                 {str(k): v for k, v in decision.goodput.items()} if decision else {}
@@ -149,43 +153,40 @@ class AdaptiveState:
         return out
 
 
-ADAPTIVE: AdaptiveState | None = None  # one per scheduler process
-
-
 def candidate_depths(worker) -> list[int]:
-    """Every depth up to the launch's for a chain (top-k 1); for a tree, drafting on or off
-    (its node budget is tuned for the full depth; shallower trees would need their own)."""
-    deepest = worker.speculative_num_steps
-    return list(range(deepest + 1)) if worker.topk == 1 else [0, deepest]
+    """The depths the worker's draft kind lets a policy choose among, up to the launch's."""
+    kind = worker._draft_worker.draft_kind
+    return kind.candidate_depths(worker.speculative_num_steps, worker.topk)
 
 
 def install(worker, config: NanoSpecConfig) -> None:
     """AFTER `EAGLEWorkerV2.init_cuda_graphs` (STANDALONE's worker inherits it)."""
-    global ADAPTIVE
+    context = current()
     if getattr(worker, "_draft_worker", None) is None:
         return  # a pipeline stage that does not draft
     if worker.adaptive_controller is not None:  # --speculative-adaptive: SGLang's policy
-        ADAPTIVE = AdaptiveState("sglang", worker.adaptive_controller.candidate_steps)
-        ADAPTIVE.depth_in_force = worker.speculative_num_steps
+        context.adaptive = AdaptiveState("sglang", worker.adaptive_controller.candidate_steps)
+        context.adaptive.depth_in_force = worker.speculative_num_steps
         return
     if not config.adaptive:
-        ADAPTIVE = AdaptiveState("off", [worker.speculative_num_steps])
-        ADAPTIVE.depth_in_force = worker.speculative_num_steps
+        context.adaptive = AdaptiveState("off", [worker.speculative_num_steps])
+        context.adaptive.depth_in_force = worker.speculative_num_steps
         return
     if reason := unsupported_reason(worker.server_args):
         raise ValueError(f"--nanospec-adaptive: not with {reason}")
     candidates = candidate_depths(worker)
-    policy = GoodputPolicy(candidates)
-    ADAPTIVE = AdaptiveState("goodput", candidates, policy, config.adaptive_skip_extend, worker)
-    controller = AdaptiveController(worker, GoodputAdapter(policy, ADAPTIVE))
+    policy = build_policy(config.adaptive_policy, candidates)
+    state = AdaptiveState(policy.name, candidates, policy, config.adaptive_skip_extend, worker)
+    context.adaptive = state
+    controller = AdaptiveController(worker, PolicyAdapter(policy, state))
     with draft_tp_context(worker._draft_worker.parallel_layout):  # as SGLang builds its own
         controller.register(_current_state(worker))
         if worker.topk > 1:  # SGLang's controller would build a chain's width (steps + 1)
             controller.register(worker.build_adaptive_runtime_state(0, 1, cuda_graph_bs=None))
         controller.init_states(cuda_graph_bs=_graph_batch_sizes())
     worker.adaptive_controller = controller
-    ADAPTIVE.depth_in_force = worker.speculative_num_steps
-    logger.info("nanospec: adaptive speculation (goodput), depths %s", candidates)
+    state.depth_in_force = worker.speculative_num_steps
+    logger.info("nanospec: adaptive speculation (%s), depths %s", policy.name, candidates)
 
 
 def unsupported_reason(server_args) -> str | None:
@@ -232,13 +233,14 @@ def after_init_cuda_graphs(result, worker, *args, **kwargs):
 
 def timed_forward(original, worker, batch, *args, **kwargs):
     """AROUND `forward_batch_generation`: a decode step's wall time, at the depth it ran."""
-    state = ADAPTIVE
+    state = current().adaptive
     decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
     if state is None or not decode or batch.forward_mode.is_idle():
         return original(worker, batch, *args, **kwargs)
     cuda = worker.device == "cuda" or str(worker.device).startswith("cuda")
     timed = not cuda or state.timed_steps % CUDA_TIME_EVERY == 0
     state.timed_steps += 1
+    state.path = VERIFY
     if timed and cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -254,7 +256,7 @@ def timed_forward(original, worker, batch, *args, **kwargs):
 def extend_skipped(batch, batch_output) -> bool:
     """At a depth-0 step whose next step does not draft either: skip the draft extend
     (SGLang's stub fills the draft input, `window_update_without_extend` the window)."""
-    state = ADAPTIVE
+    state = current().adaptive
     if state is None or not state.skip_extend or batch.forward_mode.is_idle():
         return False
     if state.worker.speculative_num_steps != 0:
@@ -262,6 +264,7 @@ def extend_skipped(batch, batch_output) -> bool:
     if state.next_step_drafts(batch.seq_lens.shape[0]):
         return False
     state.worker._stub_skipped_draft_extend(batch, batch_output)
+    state.path = VERIFY_WITHOUT_EXTEND
     state.extends_skipped += 1
     return True
 
@@ -274,7 +277,7 @@ def prefill_topk_skipped(batch) -> bool:
     adds to a short request's cost under load (~4 ms per prompt token for a 152k x 896
     head on one core). A request prefilled so drafts from its prompt's tokens and the
     target's top-K_ver of every step since, once drafting resumes (lossless either way)."""
-    state = ADAPTIVE
+    state = current().adaptive
     if state is None or state.policy is None or not state.skip_extend:
         return False
     running = state.recent[-1]["batch_size"] if state.recent else 0
@@ -298,10 +301,12 @@ def register_hooks() -> None:
 
 
 def apply_live(config: NanoSpecConfig) -> None:
-    if ADAPTIVE is not None and ADAPTIVE.policy is not None:
-        ADAPTIVE.policy.enabled = config.adaptive
-        ADAPTIVE.policy.pinned = None if config.adaptive_depth == -1 else config.adaptive_depth
+    state = current().adaptive
+    if state is not None and state.policy is not None:
+        state.policy.enabled = config.adaptive
+        state.policy.pinned = None if config.adaptive_depth == -1 else config.adaptive_depth
 
 
 def published() -> dict | None:
-    return ADAPTIVE.published() if ADAPTIVE is not None else None
+    state = current().adaptive
+    return state.published() if state is not None else None

@@ -3,24 +3,24 @@
 `EAGLEWorkerV2` (EAGLE, EAGLE3, NEXTN) and `StandaloneWorkerV2` look their draft-worker
 class up as a module global, so `scheduler_hooks.py` swaps these subclasses in. Four methods
 change (the LM head, the two draft extends, and `draft`, timed); everything else is
-SGLang's own code path.
+SGLang's own code path. Where draft kinds differ (EAGLE, EAGLE-3, STANDALONE), the worker
+asks its `DraftKind` (`draft_kinds/`).
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import torch
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.runtime_context import get_parallel, get_serving, get_spec
+from sglang.srt.runtime_context import get_serving, get_spec
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
 from nanospec_server import env
 from nanospec_server.config import Mode, NanoSpecConfig
-from nanospec_server.sglang_plugin.spec import adaptive, eagle3, tp_head
-from nanospec_server.sglang_plugin.spec import runtime as runtime_module
+from nanospec_server.sglang_plugin.spec import adaptive, step_context, tp_head
+from nanospec_server.sglang_plugin.spec.draft_kinds.base import DraftKind
+from nanospec_server.sglang_plugin.spec.draft_kinds.registry import draft_kind_for
 from nanospec_server.sglang_plugin.spec.packed_head import PackedHeadLogitsProcessor
 from nanospec_server.sglang_plugin.spec.runtime import NanoSpecRuntime
 from nanospec_server.sglang_plugin.stats.request_stats import RequestStats
@@ -33,22 +33,23 @@ logger = logging.getLogger(__name__)
 
 
 class NanoSpecDraftMixin:
-    prefill_topk: eagle3.PrefillTopk | None = None  # EAGLE-3's source of top-K_pre
+    draft_kind: DraftKind
     token_map: torch.Tensor | None = None  # FR-Spec's list where hot_token_id is not it (TP)
     padding_columns: torch.Tensor | None = None  # TP token map: -1 on padding columns
 
     def init_lm_head(self) -> None:
+        self.draft_kind = draft_kind_for(self.speculative_algorithm)
         sharded_map = tp_head.tp_size() > 1 and self.hot_token_id is not None
-        if sharded_map and not eagle3.is_eagle3(self):
+        if sharded_map and self.draft_kind.hot_tokens_are_token_map:
             # SGLang would index its local shard with global ids (sglang issue 4328).
             self.token_map, self.hot_token_id = self.hot_token_id, None
         super().init_lm_head()
         if self.token_map is not None:
             self._shard_token_map()
-        elif self.speculative_algorithm.is_standalone() and self.hot_token_id is not None:
-            _prune_standalone_head(self.draft_runner.model, self.hot_token_id)
+        else:
+            self.draft_kind.prepare_head(self)
         self.nanospec = _build_runtime(self)
-        runtime_module.RUNTIME = self.nanospec
+        step_context.current().runtime = self.nanospec
         draft_model = self.draft_runner.model
         draft_model.logits_processor = PackedHeadLogitsProcessor(
             draft_model.logits_processor, self.nanospec, self.topk, self.padding_columns
@@ -57,12 +58,7 @@ class NanoSpecDraftMixin:
             # SGLang maps every draft top-k through this table (FR-Spec's path), so local
             # rows of the packed head come back as token ids.
             self.hot_token_id = self.nanospec.vocab.row_token_ids
-            if self.speculative_algorithm.is_standalone():
-                _capture_full_target_hidden_in_prefill(self.target_worker)
-            if eagle3.is_eagle3(self):
-                self.prefill_topk = eagle3.install_prefill_topk(
-                    self.target_worker.model_runner.model, self.nanospec.prefill_k_pre
-                )
+            self.draft_kind.install_prefill_candidates(self)
 
     def _shard_token_map(self) -> None:
         """The token map's rows of this rank's head shard, and the column table SGLang
@@ -76,14 +72,14 @@ class NanoSpecDraftMixin:
         self.hot_token_id = columns.clamp(min=0)
 
     def _draft_extend_for_prefill(self, batch, target_hidden_states, *args, **kwargs):
-        if self.prefill_topk is not None:  # EAGLE-3: the hidden states are the auxiliary ones
-            self.nanospec.on_prefill(batch, None, eagle3.prefill_top_for(batch, self.prefill_topk))
+        own, top = self.draft_kind.own_prefill_candidates(batch)
+        if own:
+            self.nanospec.on_prefill(batch, None, top)
         elif adaptive.prefill_topk_skipped(batch):
             self.nanospec.on_prefill(batch, None)  # the prompt's tokens only
         else:
             self.nanospec.on_prefill(batch, target_hidden_states)
-        if self.speculative_algorithm.is_standalone():
-            target_hidden_states = None  # captured for top-K_pre only; the draft never used it
+        target_hidden_states = self.draft_kind.draft_hidden_for_prefill(target_hidden_states)
         return super()._draft_extend_for_prefill(batch, target_hidden_states, *args, **kwargs)
 
     def draft(self, batch, *args, **kwargs):
@@ -115,11 +111,11 @@ def _build_runtime(worker: EagleDraftWorker) -> NanoSpecRuntime:
     device = target_runner.model.lm_head.weight.device
     stats = RequestStats(num_slots, vocab_size, device)
     vocab, slot_pool = None, None
-    draft_ids = eagle3.draft_ids(worker)  # D of a pruned EAGLE-3 head
-    if eagle3.is_eagle3(worker):
-        eagle3.check_supported(worker, config)
+    draft_ids = worker.draft_kind.draft_ids(worker)  # D of a head with its own vocabulary
+    if problems := worker.draft_kind.refusals(worker, config):
+        raise ValueError(problems[0])
     if config.mode.is_dynamic:
-        _check_supported(worker, config)
+        _check_supported(config)
         vocab, slot_pool = build_vocab(worker, config, draft_ids)
         memory = vocab.memory_report()
         logger.info(
@@ -215,52 +211,14 @@ def _prior_tokens(k: int) -> list[int]:
     return prior_token_ids(tokenizer, k)
 
 
-def _check_supported(worker: EagleDraftWorker, config: NanoSpecConfig) -> None:
-    mode = f"--nanospec-mode {config.mode.value}"
-    if worker.hot_token_id is not None and not eagle3.is_eagle3(worker):
-        raise ValueError(
-            f"{mode} drafts over its own vocabulary and cannot be combined with "
-            "--speculative-token-map (FR-Spec's fixed list). Use --nanospec-mode static "
-            "with it, or drop the token map."
-        )
+def _check_supported(config: NanoSpecConfig) -> None:
+    """What no draft kind serves in a dynamic mode (each kind's own refusals come first)."""
     if get_spec().speculative_use_rejection_sampling:
         raise ValueError(
-            f"{mode} is incompatible with --speculative-use-rejection-sampling; without it, "
-            "sampling verifies with the target's distribution alone, which stays exact."
+            f"--nanospec-mode {config.mode.value} is incompatible with "
+            "--speculative-use-rejection-sampling; without it, sampling verifies with the "
+            "target's distribution alone, which stays exact."
         )
-    if get_parallel().tp_size > 1 and eagle3.is_eagle3(worker):
-        raise ValueError(
-            f"--tp-size {get_parallel().tp_size}: {mode} with an EAGLE-3 head runs at "
-            "--tp-size 1 only (its pruned draft vocabulary is not sharded); use "
-            "--nanospec-mode full or static with it, or --tp-size 1"
-        )
-
-
-def _prune_standalone_head(draft_model, hot_token_id: torch.Tensor) -> None:
-    """Give a STANDALONE draft the FR-Spec head its token map implies.
-
-    SGLang's STANDALONE worker keeps the draft's own full LM head (its ``init_lm_head`` is
-    a no-op) yet maps every draft top-k index through the token map as if the head had been
-    pruned to it, so any index past the map's length fails. The pruned head is a copy: with
-    tied embeddings the head module is the embedding, which must keep every row.
-    """
-    head = copy.copy(draft_model.lm_head)
-    head._parameters = dict(head._parameters)  # a shallow copy would share the weight slot
-    rows = draft_model.lm_head.weight.data[hot_token_id.to(draft_model.lm_head.weight.device)]
-    head.weight = torch.nn.Parameter(rows.clone(), requires_grad=False)
-    draft_model.lm_head = head
-
-
-def _capture_full_target_hidden_in_prefill(target_worker) -> None:
-    """STANDALONE runs the target prefill without hidden states; top-K_pre needs them."""
-    original = target_worker.forward_batch_generation
-
-    def forward_batch_generation(*args, **kwargs):
-        if kwargs.get("capture_hidden_mode") == CaptureHiddenMode.NULL:
-            kwargs["capture_hidden_mode"] = CaptureHiddenMode.FULL
-        return original(*args, **kwargs)
-
-    target_worker.forward_batch_generation = forward_batch_generation
 
 
 __all__ = ["NanoSpecEagleDraftWorker", "NanoSpecStandaloneDraftWorker"]

@@ -7,8 +7,8 @@
     draft:    the draft's LM head runs over the packed rows; `packed_head.py` masks each
               request to its own active set
 
-One runtime lives in each scheduler process (`RUNTIME`): the draft worker creates it, the
-output streamer and the internal-state handlers read it.
+One runtime lives in each scheduler process (`step_context.current().runtime`): the draft
+worker creates it, the output streamer and the internal-state handlers read it.
 """
 
 from __future__ import annotations
@@ -318,6 +318,3 @@ def _per_request_rows(top: Tensor, extend_lens: list[int]) -> tuple[Tensor, Tens
     rows = (starts[:, None] + offsets).clamp(max=top.shape[0] - 1)
     valid = (offsets < lens[:, None]).unsqueeze(-1).expand(-1, -1, k)
     return top[rows].flatten(1), valid.flatten(1)
-
-
-RUNTIME: NanoSpecRuntime | None = None

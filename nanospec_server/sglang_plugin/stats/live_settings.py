@@ -24,13 +24,15 @@ from sglang.srt.managers.scheduler_components.internal_state import (
 from nanospec_server.adaptive.live import live_change_problem
 from nanospec_server.admin.state_channel import SETTINGS_KEY, STATE_KEY, token_matches
 from nanospec_server.sglang_plugin.spec import runtime
+from nanospec_server.sglang_plugin.spec.step_context import current
 from nanospec_server.sglang_plugin.stats import metrics
 
 logger = logging.getLogger(__name__)
 
 
 def _validate(key: str, value: Any) -> None:
-    if runtime.RUNTIME is None:
+    rt = current().runtime
+    if rt is None:
         raise UpdateRejected(f"{key}: this server runs no NanoSpec draft worker")
     token = value.get("token") if isinstance(value, dict) else None
     if not token_matches(token):
@@ -40,9 +42,7 @@ def _validate(key: str, value: Any) -> None:
     if problem := live_change_problem(value["changes"], adaptive.published()):
         raise UpdateRejected(problem)
     try:
-        runtime.RUNTIME.config.model_validate(
-            runtime.RUNTIME.config.model_dump() | value["changes"]
-        )
+        rt.config.model_validate(rt.config.model_dump() | value["changes"])
     except ValidationError as error:
         raise UpdateRejected(f"{key}: {error.errors()[0]['msg']}") from error
 
@@ -50,9 +50,10 @@ def _validate(key: str, value: Any) -> None:
 def _apply(key: str, value: dict[str, Any]) -> None:
     from nanospec_server.sglang_plugin.spec import adaptive
 
-    old = runtime.RUNTIME.config
-    runtime.RUNTIME.update_settings(**value["changes"])
-    new = runtime.RUNTIME.config
+    rt = current().runtime
+    old = rt.config
+    rt.update_settings(**value["changes"])
+    new = rt.config
     adaptive.apply_live(new)
     changed = {k: (getattr(old, k), getattr(new, k)) for k in value["changes"]}
     logger.info(
@@ -71,8 +72,8 @@ def update_handlers_hook(original, controller) -> dict:
 
 
 def get_internal_state_hook(result, controller, recv_req):
-    if runtime.RUNTIME is not None:
-        result.internal_state[STATE_KEY] = published_state(runtime.RUNTIME)
+    if (rt := current().runtime) is not None:
+        result.internal_state[STATE_KEY] = published_state(rt)
     return result
 
 

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
 
-from nanospec_server.sglang_plugin.spec import runtime
+from nanospec_server.sglang_plugin.spec.step_context import current
 
 META_INFO_KEY = "nanospec"
 
@@ -24,7 +24,7 @@ class NanoSpecOutputStreamer(SchedulerOutputStreamer):
     has_additional_customized_info: ClassVar[bool] = True
 
     def stream_output(self, reqs, return_logprob: bool, skip_req=None):
-        rt = runtime.RUNTIME
+        rt = current().runtime
         if rt is not None and self.is_generation:
             live = rt.config.w_max if rt.vocab is not None else None
             reqs_now = (req for req in reqs if req is not skip_req)
@@ -32,12 +32,12 @@ class NanoSpecOutputStreamer(SchedulerOutputStreamer):
         SchedulerOutputStreamer.stream_output(self, reqs, return_logprob, skip_req)
 
     def should_build_additional_customized_info(self) -> bool:
-        return runtime.RUNTIME is not None
+        return current().runtime is not None
 
     def build_additional_customized_info(self, reqs) -> dict[str, list]:
         # One entry per request; SGLang appends each chunk's list to meta_info, so the
         # response carries a snapshot per chunk and the last one is the latest.
-        return {META_INFO_KEY: [[stats] for stats in runtime.RUNTIME.snapshot(reqs)]}
+        return {META_INFO_KEY: [[stats] for stats in current().runtime.snapshot(reqs)]}
 
     def is_request_level_customized_info_key(self, key: str) -> bool:
         return key == META_INFO_KEY

@@ -39,7 +39,14 @@ def test_standalone_trees_are_ours_to_adapt_but_two_batch_overlap_is_not(adaptiv
 
 
 def test_a_chain_adapts_every_depth_a_tree_all_or_nothing(adaptive) -> None:
-    assert adaptive.candidate_depths(SimpleNamespace(speculative_num_steps=4, topk=1)) == [
-        0, 1, 2, 3, 4,
-    ]  # fmt: skip
-    assert adaptive.candidate_depths(SimpleNamespace(speculative_num_steps=4, topk=4)) == [0, 4]
+    from nanospec_server.sglang_plugin.spec.draft_kinds.registry import KINDS
+
+    for kind in KINDS:
+        draft = SimpleNamespace(draft_kind=kind())
+
+        def depths(topk: int, draft=draft) -> list[int]:
+            worker = SimpleNamespace(speculative_num_steps=4, topk=topk, _draft_worker=draft)
+            return adaptive.candidate_depths(worker)
+
+        assert depths(1) == [0, 1, 2, 3, 4], kind.name
+        assert depths(4) == [0, 4], kind.name

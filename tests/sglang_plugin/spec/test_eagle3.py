@@ -2,7 +2,7 @@
 and ctx-only mode lossless.
 
 Under EAGLE-3 the hidden states SGLang hands the draft are the target's auxiliary ones, so
-``sglang_plugin/spec/eagle3.py`` takes top-K_pre inside the target's logits processor. The
+``sglang_plugin/spec/draft_kinds/eagle3.py`` takes top-K_pre inside the target's logits processor. The
 server records every request's candidate stream (``NANOSPEC_RECORD_STREAMS``); its
 prefill candidates must be the top-K of a plain Hugging Face forward pass over the prompt
 (final normed hidden states times the LM head) at every prompt position, with prefill

@@ -17,34 +17,70 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sglang.srt.runtime_context import get_parallel
 from torch import Tensor, nn
 
 from nanospec_server.config import Mode, NanoSpecConfig
+from nanospec_server.sglang_plugin.spec.draft_kinds.base import DraftKind
 from nanospec_server.vocab import topk_tokens_in_chunks
 from nanospec_server.vocab.draft_vocab import DraftIds
 
 
-def is_eagle3(worker) -> bool:
-    return worker.speculative_algorithm.is_eagle3()
+class Eagle3Kind(DraftKind):
+    """SGLang's `hot_token_id` is the head's d2t (its D), never a token map."""
+
+    name = "EAGLE3"
+    algorithms = ("EAGLE3",)
+    tiny_draft = "tiny-eagle3"
+    hot_tokens_are_token_map = False
+
+    def __init__(self) -> None:
+        self.prefill_topk: PrefillTopk | None = None  # the source of top-K_pre, once installed
+
+    def draft_ids(self, worker) -> DraftIds | None:
+        return draft_ids(worker)
+
+    def refusals(self, worker, config: NanoSpecConfig) -> list[str]:
+        return refusals(worker, config)
+
+    def install_prefill_candidates(self, worker) -> None:
+        self.prefill_topk = install_prefill_topk(
+            worker.target_worker.model_runner.model, worker.nanospec.prefill_k_pre
+        )
+
+    def own_prefill_candidates(self, batch) -> tuple[bool, Tensor | None]:
+        # The hidden states the target hands over are the auxiliary ones, not the final.
+        if self.prefill_topk is None:
+            return False, None
+        return True, prefill_top_for(batch, self.prefill_topk)
 
 
 def draft_ids(worker) -> DraftIds | None:
-    """D of an EAGLE-3 head with a d2t list (None: a full-vocabulary head, or not EAGLE-3)."""
-    if not is_eagle3(worker) or worker.hot_token_id is None:
+    """D of an EAGLE-3 head with a d2t list (None: a full-vocabulary head)."""
+    if worker.hot_token_id is None:
         return None
     vocab_size = worker.target_worker.model_runner.model_config.vocab_size
     return DraftIds.from_hot_token_ids(worker.hot_token_id, vocab_size)
 
 
-def check_supported(worker, config: NanoSpecConfig) -> None:
-    """Refuse at start what cannot work with this EAGLE-3 head, naming the flag."""
+def refusals(worker, config: NanoSpecConfig) -> list[str]:
+    """What cannot work with this EAGLE-3 head, each naming the flag."""
+    problems = []
     if config.mode == Mode.STATIC and worker.hot_token_id is None:
-        raise ValueError(
+        problems.append(
             "--nanospec-mode static with an EAGLE-3 head drafts over the head's own d2t "
             "vocabulary, and this head has none (full vocabulary); SGLang ignores "
             "--speculative-token-map under --speculative-algorithm EAGLE3. Use "
             "--nanospec-mode full or a dynamic mode."
         )
+    tp_size = get_parallel().tp_size
+    if config.mode.is_dynamic and tp_size > 1:
+        problems.append(
+            f"--tp-size {tp_size}: --nanospec-mode {config.mode.value} with an EAGLE-3 head "
+            "runs at --tp-size 1 only (its pruned draft vocabulary is not sharded); use "
+            "--nanospec-mode full or static with it, or --tp-size 1"
+        )
+    return problems
 
 
 class PrefillTopk(nn.Module):
@@ -90,4 +126,4 @@ def prefill_top_for(batch, capture: PrefillTopk) -> Tensor | None:
     return top
 
 
-__all__ = ["PrefillTopk", "check_supported", "draft_ids", "install_prefill_topk", "is_eagle3"]
+__all__ = ["Eagle3Kind", "PrefillTopk", "draft_ids", "install_prefill_topk", "refusals"]

@@ -1,0 +1,52 @@
+"""DepthPolicy: what the plugin asks of a policy that chooses each step's draft depth, and
+the record of a step it observes (no SGLang import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from nanospec_server.adaptive.policy import Decision
+
+# The paths a decode step can take: the verify then the draft extend, or (at depth 0, the
+# next step not drafting either) the verify alone.
+VERIFY = "verify"
+VERIFY_WITHOUT_EXTEND = "verify-without-extend"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One decode step as it ran: ``seconds`` is None for a step that was not timed."""
+
+    batch_size: int
+    depth: int
+    path: str
+    seconds: float | None
+
+
+@runtime_checkable
+class DepthPolicy(Protocol):
+    """Chooses each step's depth among ``candidates`` (sorted, 0 = plain decoding).
+
+    ``enabled`` is the live ``adaptive`` switch (off: the deepest candidate every step) and
+    ``pinned`` the live ``adaptive_depth`` pin (a candidate every step runs at, or None)."""
+
+    name: str
+    candidates: list[int]
+    enabled: bool
+    pinned: int | None
+
+    def choose(self, batch_size: int) -> Decision:
+        """This step's depth (may change the policy's state: probes, hysteresis)."""
+
+    def predicted_best(self, batch_size: int) -> int | None:
+        """The depth a fresh decision would take, changing nothing; None if unknown yet."""
+
+    def observe_step(self, record: StepRecord) -> None:
+        """A decode step's batch size, depth, path and wall time, after it ran."""
+
+    def observe_acceptance(self, accepted: list[int], depth: int) -> None:
+        """Draft tokens each request had accepted at a step that drafted ``depth``."""
+
+    def published(self) -> dict[str, Any]:
+        """The policy's own fields of ``/stats/vocab.adaptive``."""

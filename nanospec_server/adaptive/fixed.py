@@ -1,0 +1,49 @@
+"""A DepthPolicy that drafts at the deepest candidate (the launch's depth) every step, unless
+a depth is pinned: the fixed behaviour, behind the same extension point as goodput's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from nanospec_server.adaptive.depth_policy import StepRecord
+from nanospec_server.adaptive.policy import AcceptanceEstimate, Decision
+
+
+@dataclass
+class FixedDepthPolicy:
+    candidates: list[int]
+    enabled: bool = True  # on or off, the depth is the deepest candidate
+    pinned: int | None = None
+    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+    name: ClassVar[str] = "fixed"
+
+    def __post_init__(self) -> None:
+        if not self.candidates or any(k < 0 for k in self.candidates):
+            raise ValueError(f"candidate depths must be non-negative, got {self.candidates}")
+        self.candidates = sorted(set(self.candidates))
+
+    @property
+    def depth(self) -> int:
+        return self.candidates[-1]
+
+    def choose(self, batch_size: int) -> Decision:
+        if self.pinned is not None:
+            return Decision(self.pinned, "pinned", {})
+        return Decision(self.depth, "fixed", {})
+
+    def predicted_best(self, batch_size: int) -> int | None:
+        return self.choose(batch_size).depth
+
+    def observe_step(self, record: StepRecord) -> None:
+        pass  # no cost model: the depth does not depend on time
+
+    def observe_acceptance(self, accepted: list[int], depth: int) -> None:
+        self.acceptance.observe(accepted, depth)
+
+    def published(self) -> dict[str, Any]:
+        return {
+            "pinned_depth": self.pinned,
+            "fixed_depth": self.depth,
+            "acceptance_rate": self.acceptance.rate,
+        }

@@ -1,0 +1,1 @@
+"""The draft kinds NanoSpec serves (EAGLE, EAGLE-3, STANDALONE), one module each."""
