@@ -32,9 +32,11 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
         install_cpu_parallel_hooks()
         install_cpu_linear_hooks()
         HookRegistry.apply_hooks()  # before the groups and the model, with or without speculation
-    from nanospec_server.sglang_plugin.requests import grammar_conflict
+    from nanospec_server.sglang_plugin.requests import grammar_conflict, no_token_left
 
     grammar_conflict.register_hooks()  # every server: a client's clash is a 400, not a 500
+    # Every server: a request that leaves no token to sample ends alone, not the scheduler.
+    no_token_left.register_hooks(speculative=bool(server_args.speculative_algorithm))
     if not server_args.speculative_algorithm:
         HookRegistry.apply_hooks()
         return
