@@ -35,8 +35,10 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
     from nanospec_server.sglang_plugin.requests import grammar_conflict, no_token_left
 
     grammar_conflict.register_hooks()  # every server: a client's clash is a 400, not a 500
-    # Every server: a request that leaves no token to sample ends alone, not the scheduler.
-    no_token_left.register_hooks(speculative=bool(server_args.speculative_algorithm))
+    if server_args.device == "cpu":
+        # A request that leaves no token to sample ends alone, not the scheduler. CPU only:
+        # the guard reads a flag on the host every step, a sync CUDA's overlap would pay for.
+        no_token_left.register_hooks(speculative=bool(server_args.speculative_algorithm))
     if not server_args.speculative_algorithm:
         HookRegistry.apply_hooks()
         return

@@ -16,6 +16,8 @@ Where rows are sampled, and so guarded:
   grammar mask are applied inside it, the grammar mask last, so the guard rides on that
   mask's `apply`. A request ends only when a row it accepted from was unsamplable: rows
   past a rejected draft token are never used.
+
+Installed on CPU servers (`scheduler_hooks.py`), where SGLang samples with torch.
 """
 
 from __future__ import annotations
