@@ -58,6 +58,7 @@ _GRAMMAR = f"{PLUGIN}.requests.grammar_conflict"
 _CPU_LINEAR = f"{PLUGIN}.cpu.linear"
 _CPU_PARALLEL = f"{PLUGIN}.cpu.parallel"
 _CPU_SAMPLING = f"{PLUGIN}.cpu.sampling"
+_NO_TOKEN_LEFT = f"{PLUGIN}.requests.no_token_left"
 _SHIM = "nanospec_server.sgl_kernel_cpu.shim"
 
 _SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
@@ -137,6 +138,36 @@ GRAMMAR_ACCEPT = Seam(
     SeamKind.AROUND,
     "a grammar that ends before min_new_tokens is a 400, not SGLang's 500",
     _GRAMMAR,
+)
+
+# CPU schedulers: a request whose constraints leave no token to sample ends alone.
+NO_TOKEN_LEFT_RUN_BATCH = Seam(
+    "NO_TOKEN_LEFT_RUN_BATCH",
+    f"{_SCHEDULER}.run_batch",
+    SeamKind.AROUND,
+    "know the batch whose rows a sampler guard may end",
+    _NO_TOKEN_LEFT,
+)
+NO_TOKEN_LEFT_SAMPLE = Seam(
+    "NO_TOKEN_LEFT_SAMPLE",
+    f"{_SCHEDULER}.launch_batch_sample_if_needed",
+    SeamKind.AROUND,
+    "know the batch when sampling is launched apart from the forward",
+    _NO_TOKEN_LEFT,
+)
+NO_TOKEN_LEFT_SAMPLER = Seam(
+    "NO_TOKEN_LEFT_SAMPLER",
+    "sglang.srt.layers.sampler.Sampler.forward",
+    SeamKind.AROUND,
+    "a row with no token left would stop the scheduler in torch.multinomial",
+    _NO_TOKEN_LEFT,
+)
+NO_TOKEN_LEFT_VERIFY = Seam(
+    "NO_TOKEN_LEFT_VERIFY",
+    f"{_EAGLE_UTILS}.eagle_sample",
+    SeamKind.AROUND,
+    "the same guard in EAGLE verify's sampling",
+    _NO_TOKEN_LEFT,
 )
 
 # CPU schedulers.

@@ -49,6 +49,7 @@ def register() -> None:
             request_checks.check_input_ids,
             request_checks.check_w_max_override,
             request_checks.check_stop_regex,
+            request_checks.check_float32_sampling_values,
         )
         for check in checks:
             seams.hook(seams.VALIDATE_REQUEST, check)

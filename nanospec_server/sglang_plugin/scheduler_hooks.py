@@ -28,9 +28,13 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
         install_cpu_parallel_hooks()
         install_cpu_linear_hooks()
         seams.apply()  # before the groups and the model, with or without speculation
-    from nanospec_server.sglang_plugin.requests import grammar_conflict
+    from nanospec_server.sglang_plugin.requests import grammar_conflict, no_token_left
 
     grammar_conflict.register_hooks()  # every server: a client's clash is a 400, not a 500
+    if server_args.device == "cpu":
+        # A request that leaves no token to sample ends alone, not the scheduler. CPU only:
+        # the guard reads a flag on the host every step, a sync CUDA's overlap would pay for.
+        no_token_left.register_hooks(speculative=bool(server_args.speculative_algorithm))
     if not server_args.speculative_algorithm:
         seams.apply()
         return

@@ -54,10 +54,15 @@ _RID = {"anyOf": [{"enum": RIDS}, {"type": "null"}]}
 # Valid patterns and broken ones (a broken one must be a 400).
 _REGEX = {"enum": ["[a-z ]+", "(ab|cd)*", "("]}
 # Constrained decoding (xgrammar) takes at most one grammar: each body is one of these.
+# Short ones ("a", a constant) end after a token: min_new_tokens then masks every token.
 _GRAMMARS: list[dict[str, Any]] = [
     {},
-    {"regex": _REGEX},
-    {"json_schema": {"enum": ['{"type": "object"}', '{"type": "string"}', "{not json"]}},
+    {"regex": {"enum": [*_REGEX["enum"], "a"]}},
+    {
+        "json_schema": {
+            "enum": ['{"type": "object"}', '{"type": "string"}', '{"const": 1}', "{not json"]
+        }
+    },
     {"ebnf": {"enum": ['root ::= "a" | "b"', "root ::= "]}},
 ]
 _NULLABLE_INT = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"type": "null"}]}

@@ -1,19 +1,24 @@
 """An API fuzzer (schemathesis) against a real tiny NanoSpec server: no 5xx, no hang, and
-the server keeps serving: greedy requests sent all along equal plain decoding.
+the server keeps serving: it answers /health_generate after every case (a failure names
+the case that stopped it), and greedy requests sent all along equal plain decoding.
 
 The server is the tiny target with the tiny EAGLE draft in `--nanospec-mode nanospec`, with
 an admin key; a plain-decoding server of the same target, started beside it, answers the
 probe prompts once for reference. Cases come from the server's own /openapi.json, narrowed
 to the fuzzed routes with targeted bodies (`fuzz_schemas.py`); each operation gets positive
 cases (valid by that schema) and negative ones (schemathesis breaks it on purpose), with a
-fixed Hypothesis seed so a CI run sends the same cases every time.
+fixed Hypothesis seed so a CI run sends the same cases every time. A second run, on both
+servers, sends `/generate` bodies that always carry a grammar and mostly sample, with
+min_new_tokens, stop ids, penalties, logit bias and top-k/top-p/min-p drawn together
+(`fuzz_constrained.py`): the combinations that leave a row no token to sample.
 
 Bounds (CI): FUZZ_CASES cases per operation and mode (default 25, ~330 in all), and a
 wall-clock budget per operation and mode that ends its run early; Hypothesis' generate
 phase only (no shrinking: a failure reports the case as a curl command instead); no
-schemathesis coverage phase (it sends no request within 500 s here). The longer run:
+schemathesis coverage phase (it sends no request within 500 s here). The longer run,
+at a fresh seed that it prints first (and in every failure):
 `NANOSPEC_FUZZ_CASES=400 NANOSPEC_FUZZ_SEED=random python -m pytest -s tests/serving/test_api_fuzz.py`
-(docs/testing.md, "API fuzzer").
+(docs/testing.md, "API fuzzer"); `NANOSPEC_FUZZ_SEED=<printed seed>` sends the same cases again.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from schemathesis.checks import not_a_server_error
 from nanospec_server.launch.server import generate, running_servers, speculative_flags
 from nanospec_server.models.tiny import tiny_model_path
 from tests.serving.conftest import ADMIN_KEY, BASE_FLAGS, make_prompts
+from tests.serving.fuzz_constrained import constrained_bodies
 from tests.serving.fuzz_schemas import OPERATIONS, narrowed_schema
 
 FUZZ_CASES = int(os.environ.get("NANOSPEC_FUZZ_CASES", "25"))
@@ -94,10 +100,24 @@ class Probe:
 
 @dataclass
 class Target:
-    url: str
+    url: str  # the speculative server, which the schema-driven cases go to
+    plain_url: str
     schema: schemathesis.BaseSchema
     probe: Probe
     report: dict[str, Counter] = field(default_factory=dict)
+
+
+def assert_still_serving(url: str, case: str) -> None:
+    """Fail naming `case` unless the server at `url` still generates."""
+    try:
+        status = requests.get(f"{url}/health_generate", timeout=CASE_TIMEOUT_S).status_code
+    except requests.RequestException as error:
+        status = error
+    if status != 200:
+        pytest.fail(
+            f"the server stopped serving ({status}) after this case "
+            f"(NANOSPEC_FUZZ_SEED={FUZZ_SEED}):\n{case}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +129,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
         "plain": (model + common, logs / "plain.log"),
         "spec": (model + common + SPEC_FLAGS, logs / "spec.log"),
     }
+    print(f"\nAPI fuzz seed {FUZZ_SEED} (NANOSPEC_FUZZ_SEED={FUZZ_SEED} sends these cases again)")
     with running_servers(servers) as urls:
         expected = [
             generate(urls["plain"], p, PROBE_NEW_TOKENS)["output_ids"] for p in PROBE_PROMPTS
@@ -122,7 +143,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
         probe = Probe(url, expected)
         thread = threading.Thread(target=probe.run, daemon=True)
         thread.start()
-        fuzzed = Target(url, schema, probe)
+        fuzzed = Target(url, urls["plain"], schema, probe)
         try:
             yield fuzzed
         finally:
@@ -189,13 +210,22 @@ def test_fuzzed_operation_never_gets_a_server_error(
             raise BudgetSpent
         if mode == "positive":
             case.body = whole_floats_as_ints(case.body)
+        curl = case.as_curl_command(extra_headers)
         try:
             response = case.call(base_url=target.url, headers=extra_headers, timeout=CASE_TIMEOUT_S)
         except requests.Timeout:
             failed = True
-            curl = case.as_curl_command(extra_headers)
             pytest.fail(f"no answer in {CASE_TIMEOUT_S} s (a hang):\n{curl}")
+        except requests.ConnectionError:
+            failed = True
+            assert_still_serving(target.url, curl)
+            raise
         statuses[response.status_code] += 1
+        try:
+            assert_still_serving(target.url, curl)
+        except BaseException:
+            failed = True
+            raise
         try:
             case.validate_response(response, checks=[not_a_server_error], headers=extra_headers)
         except BaseException:
@@ -206,6 +236,53 @@ def test_fuzzed_operation_never_gets_a_server_error(
         send()
     except BudgetSpent:
         pass  # the cases sent within the budget stand
+    assert sum(statuses.values()) > 0, "no case was sent"
+
+
+@pytest.mark.parametrize("server", ["spec", "plain"])
+def test_constrained_sampling_never_stops_the_server(target: Target, server: str) -> None:
+    url = target.url if server == "spec" else target.plain_url
+    statuses = target.report.setdefault(f"POST /generate constrained {server}", Counter())
+    deadline = time.monotonic() + BUDGET_S
+    failed = False  # as above: a failing case's replay must fail the same way
+
+    @seed(FUZZ_SEED)
+    @settings(
+        max_examples=FUZZ_CASES,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+    )
+    @given(body=constrained_bodies())
+    def send(body: dict) -> None:
+        nonlocal failed
+        if not failed and time.monotonic() > deadline:
+            raise BudgetSpent
+        curl = (
+            f"curl -X POST {url}/generate -H 'content-type: application/json' "
+            f"-d '{json.dumps(body)}'"
+        )
+        try:
+            try:
+                response = requests.post(f"{url}/generate", json=body, timeout=CASE_TIMEOUT_S)
+            except requests.Timeout:
+                pytest.fail(f"no answer in {CASE_TIMEOUT_S} s (a hang):\n{curl}")
+            except requests.ConnectionError:
+                assert_still_serving(url, curl)
+                raise
+            statuses[response.status_code] += 1
+            assert_still_serving(url, curl)
+            assert response.status_code < 500, f"{response.status_code}: {response.text}\n{curl}"
+        except BaseException:
+            failed = True
+            raise
+
+    try:
+        send()
+    except BudgetSpent:
+        pass
     assert sum(statuses.values()) > 0, "no case was sent"
 
 

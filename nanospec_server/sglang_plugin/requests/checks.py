@@ -9,10 +9,14 @@ every request in flight) down. A request's own W_max (`custom_params.w_max`) is 
 like the live setting, against the capacity this server was launched with. A `stop_regex`
 that is no regular expression is refused here too: SGLang 0.5.23 parses it after
 validation, and `re.error` is no ValueError, so it was a 500 (found by the API fuzzer).
+A `temperature` or `logit_bias` value that float32 cannot hold is refused as well: it
+becomes inf in the sampler, and what cannot be known before a step (a row that the
+request's constraints empty) is `no_token_left.py`'s.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 from nanospec_server.config import REQUEST_W_MAX_PARAM, NanoSpecConfig
@@ -66,3 +70,36 @@ def check_stop_regex(tokenizer_manager, obj, *args, **kwargs) -> None:
             raise ValueError(
                 f"sampling_params.stop_regex: {pattern!r} is not a regular expression: {error}"
             ) from error
+
+
+FLOAT32_MAX = 3.4028234663852886e38  # the sampler's logits, bias and temperatures are fp32
+
+
+def check_float32_sampling_values(tokenizer_manager, obj, *args, **kwargs) -> None:
+    """`temperature` and `logit_bias` values the sampler's float32 tensors can hold: past
+    +-3.4e38 they become inf, and inf - inf leaves a row with no distribution to sample."""
+    params = getattr(obj, "sampling_params", None)
+    if not isinstance(params, dict):
+        return
+    temperature = params.get("temperature")
+    if _is_number(temperature) and not _fits_float32(temperature):
+        raise ValueError(
+            f"sampling_params.temperature: {temperature} is not a finite float32 number"
+        )
+    bias = params.get("logit_bias")
+    if not isinstance(bias, dict):
+        return
+    for token, value in bias.items():
+        if _is_number(value) and not _fits_float32(value):
+            raise ValueError(
+                f"sampling_params.logit_bias: the bias {value} of token {token} is not a "
+                "finite float32 number"
+            )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fits_float32(value: float) -> bool:
+    return math.isfinite(value) and abs(value) <= FLOAT32_MAX

@@ -36,6 +36,13 @@ def min_new_tokens_pending(req: Any, tokens: list[int]) -> bool:
     return minimum > max(0, len(req.output_ids) - len(tokens))
 
 
+def grammar_ends_early_message(minimum: int) -> str:
+    return (
+        f"min_new_tokens: the request's grammar ends before {minimum} tokens, so no "
+        "token can follow (lower min_new_tokens / min_tokens or widen the grammar)"
+    )
+
+
 def grammar_conflict_hook(original, processor, *args, **kwargs):
     """AROUND hook on both grammar steps: re-file SGLang's 500 abort as the client's 400."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
@@ -50,10 +57,8 @@ def grammar_conflict_hook(original, processor, *args, **kwargs):
         and abort.status_code == HTTPStatus.INTERNAL_SERVER_ERROR
         and min_new_tokens_pending(req, tokens)
     ):
-        minimum = req.sampling_params.min_new_tokens
         req.to_finish = FINISH_ABORT(
-            f"min_new_tokens: the request's grammar ends before {minimum} tokens, so no "
-            "token can follow (lower min_new_tokens / min_tokens or widen the grammar)",
+            grammar_ends_early_message(req.sampling_params.min_new_tokens),
             HTTPStatus.BAD_REQUEST,
             "BadRequestError",
         )

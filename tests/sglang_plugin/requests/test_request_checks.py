@@ -7,7 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from nanospec_server.sglang_plugin.requests.checks import check_stop_regex
+from nanospec_server.sglang_plugin.requests.checks import (
+    check_float32_sampling_values,
+    check_stop_regex,
+)
 
 
 def request(**sampling) -> SimpleNamespace:
@@ -32,3 +35,27 @@ def test_the_message_carries_the_regex_error() -> None:
         check_stop_regex(None, request(stop_regex="("))
     assert isinstance(raised.value.__cause__, re.error)
     assert "missing )" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("sampling", "field"),
+    [
+        ({"temperature": 1e39}, "temperature"),
+        ({"logit_bias": {"5": 1e39}}, "logit_bias"),
+        ({"logit_bias": {"5": -1e39}}, "logit_bias"),
+        ({"logit_bias": {"5": float("nan")}}, "logit_bias"),
+        ({"logit_bias": {"5": float("-inf")}}, "logit_bias"),
+    ],
+)
+def test_a_value_float32_cannot_hold_is_a_value_error_naming_the_field(sampling, field) -> None:
+    with pytest.raises(ValueError, match=rf"^sampling_params\.{field}: .* finite float32"):
+        check_float32_sampling_values(None, request(**sampling))
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{}, {"temperature": 0.39}, {"logit_bias": {"94": 9e-299, "6": -0.5}}, {"logit_bias": "x"}],
+)
+def test_float32_values_and_mistyped_ones_pass_to_sglang(sampling) -> None:
+    check_float32_sampling_values(None, request(**sampling))
+    check_float32_sampling_values(None, SimpleNamespace(sampling_params=None))
