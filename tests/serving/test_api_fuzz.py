@@ -178,6 +178,21 @@ def whole_floats_as_ints(value: object) -> object:
     return value
 
 
+def fuzz_run(test):
+    """A fuzz run's Hypothesis settings: this run's seed, the generate phase only (a failure
+    reports its case as a curl command, unshrunk), FUZZ_CASES cases."""
+    return seed(FUZZ_SEED)(
+        settings(
+            max_examples=FUZZ_CASES,
+            deadline=None,
+            database=None,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck),
+            print_blob=True,
+        )(test)
+    )
+
+
 FUZZED = [(path, method, mode) for path, method, modes in OPERATIONS for mode in modes]
 
 
@@ -194,15 +209,7 @@ def test_fuzzed_operation_never_gets_a_server_error(
     failed = False  # once a case fails, its replay must fail the same way, budget or not
     headers = st.sampled_from(ADMIN_HEADERS) if path == "/nanospec/settings" else st.just({})
 
-    @seed(FUZZ_SEED)
-    @settings(
-        max_examples=FUZZ_CASES,
-        deadline=None,
-        database=None,
-        phases=[Phase.explicit, Phase.generate],
-        suppress_health_check=list(HealthCheck),
-        print_blob=True,
-    )
+    @fuzz_run
     @given(case=strategy, extra_headers=headers)
     def send(case: schemathesis.Case, extra_headers: dict[str, str]) -> None:
         nonlocal failed
@@ -246,15 +253,7 @@ def test_constrained_sampling_never_stops_the_server(target: Target, server: str
     deadline = time.monotonic() + BUDGET_S
     failed = False  # as above: a failing case's replay must fail the same way
 
-    @seed(FUZZ_SEED)
-    @settings(
-        max_examples=FUZZ_CASES,
-        deadline=None,
-        database=None,
-        phases=[Phase.explicit, Phase.generate],
-        suppress_health_check=list(HealthCheck),
-        print_blob=True,
-    )
+    @fuzz_run
     @given(body=constrained_bodies())
     def send(body: dict) -> None:
         nonlocal failed
@@ -315,6 +314,10 @@ FOUND = [
         },
         "min_new_tokens",
     ),
+    # SGLang copies the request n times in the HTTP process: this n stopped the server.
+    ("/v1/completions", {"prompt": "a", "max_tokens": 2, "n": 800797}, "n"),
+    ("/v1/chat/completions", CHAT | {"n": 800797}, "n"),
+    ("/generate", {"text": "a", "sampling_params": {"n": 800797}}, "sampling_params.n"),
 ]
 
 
