@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -283,6 +284,9 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
     host.redact_from_logs(server_args.admin_api_key, server_args.api_key)
 
     url = f"http://{server_args.host}:{server_args.port}"
+    # Until uvicorn installs its own handlers, SIGTERM's default would end this process at
+    # once and orphan SGLang's processes: let it stop the way Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     print(f"nanospec: starting {server_args.model_path} ({config.mode.value})", flush=True)
     try:
         launch_server(server_args, launch_callback=lambda: _announce(url, server_args.port))
@@ -304,6 +308,10 @@ def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.Arg
         print("nanospec: stopped", flush=True)
         kill_process_tree(os.getpid(), include_parent=False)
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _port_free(host: str, port: int) -> bool:
