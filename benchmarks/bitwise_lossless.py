@@ -2,13 +2,17 @@
 
 Plain decoding and each speculative configuration serve the same prompts (one server at a
 time, the prompts sent together so they batch), with every output token's log-probability.
-Where speculation is bit-identical (fp32 on a CPU through our kernels, see docs/cpu.md,
-"Exactness"), every token and every log-probability must be the same: a difference is a bug.
+Where speculation is bit-identical (fp32 or bf16 on a CPU through our kernels, see
+docs/cpu.md, "Exactness"), every token and every log-probability must be the same: a difference is a bug.
 The speculative servers prefill in chunks of ``--chunk`` tokens while plain decoding takes
 each prompt whole, so prefill chunking is checked too.
 
     python benchmarks/bitwise_lossless.py --max-new-tokens 256            # 0.5B + EAGLE head
     python benchmarks/bitwise_lossless.py --pair default --max-new-tokens 128  # 1.5B + 0.5B
+    python benchmarks/bitwise_lossless.py --pair default --dtype bfloat16
+
+Each server's wall time is reported beside the check, so one bf16 run also gives what
+speculation costs against plain decoding there.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ def first_difference(plain: dict, spec: dict) -> str | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=("eagle", "default"), default="eagle")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--limit-per-task", type=int, default=1)
     parser.add_argument("--seed", type=int, default=7, help="prompt draw (not a tuned-on seed)")
@@ -96,8 +101,8 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     chats = load_tasks(args.specbench, args.limit_per_task, args.seed, TASKS)
     prompts = [encode_chat(tokenizer, [chat.turns[0]], []) for chat in chats]
-    base = ["--model-path", str(target), "--dtype", "float32", "--max-total-tokens", "8192"]
-    expected = host.bitwise_lossless("float32")
+    base = ["--model-path", str(target), "--dtype", args.dtype, "--max-total-tokens", "8192"]
+    expected = host.bitwise_lossless(args.dtype)
     print(f"{len(prompts)} prompts ({', '.join(c.id for c in chats)}), {args.max_new_tokens} "
           f"new tokens; bit-identical expected on this host: {expected}", flush=True)  # fmt: skip
 
@@ -113,7 +118,8 @@ def main() -> int:
             timings[name] = time.perf_counter() - start
         print(f"{name}: {timings[name]:.1f} s", flush=True)
 
-    report = {"pair": args.pair, "target": target_name, "max_new_tokens": args.max_new_tokens,
+    report = {"pair": args.pair, "target": target_name, "dtype": args.dtype,
+              "max_new_tokens": args.max_new_tokens,
               "prompts": [c.id for c in chats], "bitwise_expected": expected,
               "seconds": timings, "configs": {}}  # fmt: skip
     failures = 0

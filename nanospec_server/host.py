@@ -131,12 +131,12 @@ def cpu_default_dtype() -> str | None:
 
 def bitwise_lossless(dtype: str) -> bool:
     """Is speculative greedy output bit-identical to plain decoding here? On a CPU in fp32
-    through our stand-in and packed linears, yes: every op on the target's path computes a
-    position the same way in a decode, a verify and any prefill chunk (docs/cpu.md,
-    "Exactness")."""
+    or bf16 through our stand-in and packed linears, yes: every op on the target's path
+    computes a position the same way in a decode, a verify and any prefill chunk
+    (docs/cpu.md, "Exactness")."""
     from nanospec_server.ops.packed_linear import enabled as packed_linears  # deferred: torch
 
-    if has_cuda() or dtype != "float32" or not packed_linears():
+    if has_cuda() or dtype not in ("float32", "bfloat16") or not packed_linears():
         return False
     # Our stand-in must serve attention: SGLang's own CPU kernels make no such promise.
     return needs_shim()

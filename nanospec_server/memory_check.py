@@ -3,8 +3,9 @@ weights load: a server that only finds out while loading pushes other processes 
 (or is OOM-killed mid warm-up).
 
 Needed: the weights at the served dtype (target + draft, counted from the safetensors
-headers), the packed heads (NanoSpec's draft head; in fp32 the oneDNN copy of each LM
-head, beside the plain rows), the KV pool of `--max-total-tokens` (target +
+headers; bf16 linear layers packed as fp32 where the CPU has no native bf16), the packed
+heads (NanoSpec's draft head; in fp32 and bf16 the oneDNN copy of each LM head, beside the
+plain rows), the KV pool of `--max-total-tokens` (target +
 draft layers), and `OVERHEAD_BYTES` for SGLang's three processes. Free: the smaller of
 `/proc/meminfo`'s MemAvailable and the cgroup's limit minus its usage. SGLang itself
 sizes a CPU KV pool within `--mem-fraction-static` of the memory free when its scheduler
@@ -102,7 +103,7 @@ def tensor_shapes(model_dir: Path) -> dict[str, list[int]]:
 
 
 def packed_lm_head_copies(target: Path, draft: Path | None, nanospec: bool) -> int:
-    """fp32 elements of the oneDNN-packed LM-head copies a CPU server makes on first use
+    """Elements of the oneDNN-packed LM-head copies a CPU server makes on first use
     (`sglang_plugin/cpu/linear.py`), beside the plain rows the embedding (tied) or SGLang's
     head module (untied) keeps: the target's head, and a draft's own head unless NanoSpec
     computes it."""
@@ -115,12 +116,28 @@ def packed_lm_head_copies(target: Path, draft: Path | None, nanospec: bool) -> i
     return elements
 
 
-def served_dtype_bytes(dtype: str, model_dir: Path) -> int:
-    """Bytes per element at `--dtype` (`auto`: the checkpoint's own dtype)."""
+def served_dtype(dtype: str, model_dir: Path) -> str:
+    """`--dtype`'s name (`auto`: the checkpoint's own dtype)."""
     if dtype == "auto":
         config = json.loads((model_dir / "config.json").read_text())
         dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    return DTYPE_BYTES.get(dtype.removeprefix("torch."), 4)
+    return dtype.removeprefix("torch.")
+
+
+def served_dtype_bytes(dtype: str, model_dir: Path) -> int:
+    """Bytes per element at `--dtype` (`auto`: the checkpoint's own dtype)."""
+    return DTYPE_BYTES.get(served_dtype(dtype, model_dir), 4)
+
+
+def packed_bytes(dtype: str) -> int | None:
+    """Bytes per element of the oneDNN-packed weights at a served dtype (fp32; bf16 where
+    the CPU computes in bf16, else fp32), or None where nothing is packed."""
+    if not cpu_linear() or dtype not in ("float32", "float", "bfloat16"):
+        return None
+    # deferred: imports torch only when called
+    from nanospec_server.ops.packed_linear import native_bf16
+
+    return 2 if dtype == "bfloat16" and native_bf16() else 4
 
 
 def kv_bytes_per_token(model_dir: Path, element_size: int) -> int:
@@ -185,10 +202,12 @@ def needs_of(
     nanospec: bool = False,
 ) -> Needs:
     element_size = served_dtype_bytes(dtype, target)
+    packed = packed_bytes(served_dtype(dtype, target))
     models = [target] if draft is None else [target, draft]
-    weights = sum(parameter_count(model) for model in models) * element_size
-    if element_size == 4:  # fp32 LM heads are packed for oneDNN
-        packed_head += packed_lm_head_copies(target, draft, nanospec) * element_size
+    # bf16 layers packed as fp32 (no native bf16) take fp32's bytes: counted for all weights
+    weights = sum(parameter_count(model) for model in models) * max(element_size, packed or 0)
+    if packed is not None:  # the LM heads get packed copies beside their plain rows
+        packed_head += packed_lm_head_copies(target, draft, nanospec) * packed
     kv_pool = None
     if max_total_tokens is not None:
         kv_pool = max_total_tokens * sum(kv_bytes_per_token(m, element_size) for m in models)

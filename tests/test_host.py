@@ -54,7 +54,7 @@ def test_cpu_dtype_is_float32_without_native_bf16(monkeypatch) -> None:
     assert "--dtype" not in host.cpu_flags_missing_from(["--model-path", "m"])
 
 
-def test_bitwise_lossless_needs_fp32_our_kernels_and_no_gpu(monkeypatch) -> None:
+def test_bitwise_lossless_needs_fp32_or_bf16_our_kernels_and_no_gpu(monkeypatch) -> None:
     from nanospec_server import host
 
     if host.has_cuda():
@@ -62,7 +62,8 @@ def test_bitwise_lossless_needs_fp32_our_kernels_and_no_gpu(monkeypatch) -> None
         return
     monkeypatch.setenv("NANOSPEC_CPU_SHIM", "1")
     assert host.bitwise_lossless("float32") == torch.backends.mkldnn.is_available()
-    assert not host.bitwise_lossless("bfloat16")
+    assert host.bitwise_lossless("bfloat16") == torch.backends.mkldnn.is_available()
+    assert not host.bitwise_lossless("float16")  # not packed: F.linear serves it
     monkeypatch.setenv("NANOSPEC_CPU_LINEAR", "0")  # F.linear's GEMV and GEMM round apart
     assert not host.bitwise_lossless("float32")
     monkeypatch.setenv("NANOSPEC_CPU_LINEAR", "1")

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from nanospec_server import env, memory_check
 from nanospec_server.memory_check import GIB, Needs, cgroup_room, meminfo_available, refusal
 from nanospec_server.models.tiny import tiny_model_path
+from nanospec_server.ops import packed_linear
 
 MEMINFO = "MemTotal:       23000000 kB\nMemFree:         1000000 kB\nMemAvailable:   12345678 kB\n"
 
@@ -65,7 +66,8 @@ def test_free_memory_is_the_smaller_reading_unless_overridden(monkeypatch, tmp_p
     assert memory_check.free_bytes() == 12345
 
 
-def test_weights_and_kv_pool_of_the_tiny_models() -> None:
+def test_weights_and_kv_pool_of_the_tiny_models(monkeypatch) -> None:
+    monkeypatch.setenv(env.CPU_LINEAR, "0")  # no packed copies
     target, draft = tiny_model_path("tiny-target"), tiny_model_path("tiny-eagle")
     stored = sum(
         t.numel() for m in (target, draft) for t in load_file(m / "model.safetensors").values()
@@ -93,6 +95,20 @@ def test_fp32_counts_the_packed_copy_of_each_lm_head_nanospec_does_not_compute(
     monkeypatch.setenv(env.CPU_LINEAR, "0")
     assert memory_check.needs_of(target, draft, "float32", None, 7, nanospec=True).packed_head == 7
     assert memory_check.needs_of(target, None, "bfloat16", None, 0).kv_pool is None
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_counts_packed_heads_at_the_dtype_they_compute_in(monkeypatch, native) -> None:
+    monkeypatch.delenv(env.CPU_LINEAR, raising=False)
+    monkeypatch.setattr(packed_linear, "native_bf16", lambda: native)
+    target = tiny_model_path("tiny-target")
+    config = json.loads((target / "config.json").read_text())
+    stored = sum(t.numel() for t in load_file(target / "model.safetensors").values())
+    needs = memory_check.needs_of(target, None, "bfloat16", None, 0)
+    packed = 2 if native else 4  # without native bf16 the layers are packed as fp32
+    assert needs.packed_head == config["vocab_size"] * config["hidden_size"] * packed
+    assert needs.weights == stored * packed
+    assert memory_check.needs_of(target, None, "float16", None, 0).packed_head == 0
 
 
 @given(

@@ -1,4 +1,4 @@
-"""fp32 linear layers on CPU through oneDNN, with weights packed once.
+"""fp32 and bf16 linear layers on CPU through oneDNN, with weights packed once.
 
 ``F.linear``'s small-M GEMM repacks the whole weight on every call; oneDNN's linear reads
 a weight packed once as it is, so a verify pass costs little more than a one-token
@@ -14,7 +14,13 @@ in another order than a many-row call (at 1536 wide, every row count from 2 up a
 one row differs). So the weight is packed in column blocks of at most ``k_block()``
 input features, each row-invariant, and their partial products are summed in a fixed
 order: a row's arithmetic is then the same at any row count. The block is the widest that
-passes a probe on this host (1024 here), found once per process.
+passes a probe on this host (1024 here), found once per process and dtype.
+
+bf16 weights take oneDNN's bf16 kernel where the CPU has a native bf16 dot product (AMX,
+AVX512-BF16): fp32 accumulation inside a block, the blocks' bf16 results summed in fp32 and
+rounded once. Elsewhere bf16 has no fast kernel anyway, and the weight is packed as fp32:
+the same row-invariant fp32 arithmetic, its result rounded to bf16 (twice the memory of
+those weights; fp32 stays the default there).
 """
 
 from __future__ import annotations
@@ -38,22 +44,40 @@ def available() -> bool:
 
 
 def enabled() -> bool:
-    """Whether SGLang's fp32 CPU linear layers run packed: oneDNN present and not turned off."""
+    """Whether SGLang's fp32 and bf16 CPU linear layers run packed: oneDNN present and not
+    turned off."""
     return cpu_linear() and available()
 
 
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def packable(weight: Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
+    return weight.device.type == "cpu" and weight.dtype in PACKABLE_DTYPES and weight.dim() == 2
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """Whether bf16 weights run oneDNN's bf16 kernel here (a native bf16 dot product)."""
+    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a packed weight of ``dtype`` computes in."""
+    return torch.bfloat16 if dtype == torch.bfloat16 and native_bf16() else torch.float32
 
 
 @dataclass(frozen=True)
 class OneDnnWeight:
-    """A weight [N, K] as oneDNN-packed column blocks [N, <= k_block()] (opaque tensors)."""
+    """A weight [N, K] as oneDNN-packed column blocks [N, <= k_block()] (opaque tensors),
+    computing in ``compute_dtype`` and returning ``dtype`` (the weight's own)."""
 
     blocks: tuple[Tensor, ...]
     block_width: int
     out_features: int
     in_features: int
+    dtype: torch.dtype
+    compute_dtype: torch.dtype
 
 
 def _pack_block(weight: Tensor) -> Tensor:
@@ -65,31 +89,34 @@ def _linear_block(x: Tensor, block: Tensor, bias: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, block, bias, "none", [], "")
 
 
-def _one_row_matches_many(width: int) -> bool:
+def _one_row_matches_many(width: int, dtype: torch.dtype = torch.float32) -> bool:
     """Does a one-row call compute what a three-row call computes for the same row?"""
     gen = torch.Generator().manual_seed(0)
-    weight = _pack_block(torch.randn(256, width, generator=gen))
-    x = torch.randn(3, width, generator=gen)
+    weight = _pack_block(torch.randn(256, width, generator=gen).to(dtype))
+    x = torch.randn(3, width, generator=gen).to(dtype)
     return torch.equal(_linear_block(x, weight, None)[1:2], _linear_block(x[1:2], weight, None))
 
 
 @functools.cache
-def k_block() -> int:
-    """The widest input-feature block whose packed linear is row-invariant on this host."""
+def k_block(dtype: torch.dtype = torch.float32) -> int:
+    """The widest input-feature block whose packed linear in ``dtype`` (a compute dtype)
+    is row-invariant on this host."""
     for width in K_BLOCK_CANDIDATES:
-        if _one_row_matches_many(width):
+        if _one_row_matches_many(width, dtype):
             return width
     return K_BLOCK_CANDIDATES[-1]  # no width passes: still correct, only not row-invariant
 
 
 def pack(weight: Tensor) -> OneDnnWeight:
     """The weight [N, K] in oneDNN's blocked layout, in row-invariant column blocks."""
-    weight = weight.detach()
-    width = k_block()
+    computes = compute_dtype(weight.dtype)
+    weight = weight.detach().to(computes)
+    width = k_block(computes)
     blocks = tuple(
         _pack_block(weight[:, start : start + width]) for start in range(0, weight.shape[1], width)
     )
-    return OneDnnWeight(blocks, width, weight.shape[0], weight.shape[1])
+    dtype = torch.bfloat16 if computes == torch.bfloat16 else weight.dtype
+    return OneDnnWeight(blocks, width, weight.shape[0], weight.shape[1], dtype, computes)
 
 
 def row_bucket(rows: int) -> int:
@@ -108,8 +135,10 @@ def row_bucket(rows: int) -> int:
 
 
 def packed_linear(x: Tensor, packed: OneDnnWeight, bias: Tensor | None) -> Tensor:
-    """``F.linear(x, W, bias)`` for W packed by ``pack``; any leading shape."""
-    flat = x.reshape(-1, x.shape[-1])
+    """``F.linear(x, W, bias)`` for W packed by ``pack``; any leading shape, ``x``'s dtype."""
+    flat = x.reshape(-1, x.shape[-1]).to(packed.compute_dtype)
+    if bias is not None:
+        bias = bias.to(packed.compute_dtype)
     rows = flat.shape[0]
     padded = row_bucket(rows)
     if padded != rows:
@@ -121,8 +150,11 @@ def packed_linear(x: Tensor, packed: OneDnnWeight, bias: Tensor | None) -> Tenso
         # The bias joins the first block only, so it is added once, in a fixed place.
         part_bias = bias if index == 0 else None
         part = _linear_block(part_x, block, part_bias)
-        out = part if out is None else out.add_(part)
-    return out[:rows].view(*x.shape[:-1], packed.out_features)
+        if out is None:
+            out = part if len(packed.blocks) == 1 else part.float()
+        else:  # bf16 blocks are summed in fp32, in block order
+            out.add_(part)
+    return out[:rows].view(*x.shape[:-1], packed.out_features).to(x.dtype)
 
 
 class PackedLinear(nn.Module):
@@ -151,7 +183,9 @@ def pack_linear_layers(model: nn.Module) -> int:
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if isinstance(child, nn.Linear) and packable(child.weight)
+        if isinstance(child, nn.Linear)
+        and child.weight.dtype == torch.float32
+        and packable(child.weight)
     ]
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child))

@@ -1,8 +1,9 @@
-"""oneDNN's packed fp32 linear against F.linear, and the module swap the trainer uses."""
+"""oneDNN's packed fp32 and bf16 linear against F.linear, and the module swap the trainer uses."""
 
+import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanospec_server.ops import packed_linear
@@ -39,6 +40,43 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(rows, width, seed):
     bias = torch.randn(96, generator=gen)
     packed = packed_linear.pack(torch.randn(96, width, generator=gen))
     together = packed_linear.packed_linear(x, packed, bias)
+    for i in (0, rows // 2, rows - 1):
+        alone = packed_linear.packed_linear(x[i : i + 1], packed, bias)
+        assert torch.equal(alone[0], together[i])
+
+
+@pytest.fixture(params=[True, False], ids=["native-bf16", "bf16-as-fp32"])
+def bf16_kernel(request, monkeypatch) -> bool:
+    """Both ways a bf16 weight computes: oneDNN's bf16 kernel (where the CPU has one) and
+    fp32 (elsewhere)."""
+    if request.param and not packed_linear.native_bf16():
+        pytest.skip("no native bf16 dot product on this CPU")
+    monkeypatch.setattr(packed_linear, "native_bf16", lambda: request.param)
+    return request.param
+
+
+# the fixture's setting holds for every example
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.integers(2, 40),
+    st.sampled_from([64, 1024, 1536, 3000]),
+    st.sampled_from([96, 997, 2048]),
+    st.integers(0, 2**31 - 1),
+)
+def test_a_bf16_row_does_not_depend_on_the_rows_beside_it(bf16_kernel, rows, width, out, seed):
+    # F.linear in bf16 rounds a row differently beside other rows at these widths; a
+    # packed bf16 weight computes a row alone and in company the same way.
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, width, generator=gen).bfloat16()
+    weight = (torch.randn(out, width, generator=gen) * width**-0.5).bfloat16()
+    bias = torch.randn(out, generator=gen).bfloat16()
+    packed = packed_linear.pack(weight)
+    assert packed.compute_dtype == (torch.bfloat16 if bf16_kernel else torch.float32)
+    together = packed_linear.packed_linear(x, packed, bias)
+    assert together.dtype == torch.bfloat16
+    torch.testing.assert_close(together, F.linear(x, weight, bias), rtol=2e-2, atol=2e-2)
     for i in (0, rows // 2, rows - 1):
         alone = packed_linear.packed_linear(x[i : i + 1], packed, bias)
         assert torch.equal(alone[0], together[i])

@@ -1,4 +1,5 @@
-"""Speculative greedy decoding on a CPU in fp32 is bit-identical to plain decoding.
+"""Speculative greedy decoding on a CPU, in fp32 and in bf16, is bit-identical to plain
+decoding of the same dtype.
 
 Not only the tokens: every output token's log-probability is the same float, so the
 target computed the same logits at every position whether it decoded the position alone
@@ -7,11 +8,14 @@ other chunks. With that, any token that differs is a bug, never a near-tie.
 
 The random tiny target (no agreeing draft) gives logits with no structure to hide behind;
 the speculative servers prefill in 48-token chunks while plain decoding takes each prompt
-whole, and two waves of concurrent requests batch them differently.
+whole, and two waves of concurrent requests batch them differently. bf16 runs a tree of
+each draft kind; its STANDALONE draft serves `wide-target`, whose 1536-wide layers are
+where a bf16 linear layer's rounding can depend on the rows beside a row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -37,6 +41,12 @@ CONFIGS = {
     + ["--nanospec-mode", "nanospec", "--nanospec-w-max", "48"],
 }
 
+# (dtype, target, config)
+CASES = [("float32", "tiny-target", name) for name in CONFIGS] + [
+    ("bfloat16", "tiny-target", "eagle-topk2-nanospec"),
+    ("bfloat16", "tiny-target", "eagle3-pruned-topk2-nanospec"),
+    ("bfloat16", "wide-target", "standalone-topk2-sync"),
+]
 
 Answer = tuple[list[int], list[float], int]
 
@@ -62,23 +72,36 @@ def answers(url: str) -> list[Answer]:
 
 
 @pytest.fixture(scope="module")
-def plain(serve) -> list[Answer]:
-    with serve("tiny-target", []) as url:
-        return answers(url)
+def plain(serve) -> Callable[[str, str], list[Answer]]:
+    """Plain decoding's answers of a (dtype, target), served once each."""
+    answered: dict[tuple[str, str], list[Answer]] = {}
+
+    def of(dtype: str, target: str) -> list[Answer]:
+        if (dtype, target) not in answered:
+            with serve(target, ["--dtype", dtype]) as url:
+                answered[dtype, target] = answers(url)
+        return answered[dtype, target]
+
+    return of
 
 
-def test_plain_decoding_is_itself_batch_invariant(plain) -> None:
+@pytest.mark.parametrize("dtype,target", sorted({case[:2] for case in CASES}))
+def test_plain_decoding_is_itself_batch_invariant(plain, dtype: str, target: str) -> None:
     # Each prompt alone in its wave's batch position: both waves agree bit for bit.
     half = len(PROMPTS)
-    for first, second in zip(plain[:half], plain[half:], strict=True):
+    answered = plain(dtype, target)
+    for first, second in zip(answered[:half], answered[half:], strict=True):
         assert first[:2] == second[:2]
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_speculative_logprobs_are_bitwise_plain(serve, plain, config: str) -> None:
-    with serve("tiny-target", CONFIGS[config] + CHUNKED) as url:
+@pytest.mark.parametrize("dtype,target,config", CASES)
+def test_speculative_logprobs_are_bitwise_plain(
+    serve, plain, dtype: str, target: str, config: str
+) -> None:
+    with serve(target, CONFIGS[config] + CHUNKED + ["--dtype", dtype]) as url:
         speculative = answers(url)
-    for index, (expected, got) in enumerate(zip(plain, speculative, strict=True)):
+    expected_answers = plain(dtype, target)
+    for index, (expected, got) in enumerate(zip(expected_answers, speculative, strict=True)):
         ids, logprobs, verify_steps = got
         assert verify_steps > 0, "speculation did not run"
         assert ids == expected[0], f"request {index}: tokens differ"

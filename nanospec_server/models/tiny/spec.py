@@ -51,6 +51,9 @@ class TinyModelSpec:
 
 TARGET_SHAPE = LlamaShape(num_layers=2)
 DRAFT_SHAPE = LlamaShape(num_layers=1)
+# As wide as a 1.5B model's layers: there a bf16 F.linear rounds a row differently with
+# other rows beside it, which 64-wide layers never show.
+WIDE_SHAPE = LlamaShape(num_layers=1, hidden_size=1536, num_heads=96, intermediate_size=4096)
 # The pruned EAGLE-3 head's vocabulary D: a bit over half the target's tokens, so that
 # many window tokens fall outside it.
 PRUNED_DRAFT_VOCAB = 512
@@ -98,6 +101,13 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
             "head of its own and no d2t.",
             target="tiny-target",
             draft_vocab_size=VOCAB_SIZE,
+        ),
+        TinyModelSpec(
+            "wide-target",
+            ModelKind.TARGET,
+            WIDE_SHAPE,
+            "Random-init 1-layer Llama target with a 1.5B model's widths (hidden 1536, MLP "
+            "4096) and tiny-target's vocabulary: its drafts are STANDALONE ones.",
         ),
         TinyModelSpec(
             "agree-target",

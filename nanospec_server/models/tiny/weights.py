@@ -57,6 +57,7 @@ SEEDS = {
     "tiny-standalone": 1003,
     "tiny-eagle3": 1004,
     "tiny-eagle3-full": 1005,
+    "wide-target": 1006,
     "agree-target": 2001,
 }
 
@@ -281,7 +282,7 @@ def check_agreement(target: Tensors, eagle: Tensors, standalone: Tensors, seed: 
 def model_tensors(name: str) -> Tensors:
     """The checkpoint tensors of tiny model ``name`` (cached; do not mutate)."""
     spec = TINY_MODELS[name]
-    if name == "tiny-target":
+    if name in ("tiny-target", "wide-target"):
         return random_llama(spec.shape, SEEDS[name])
     if name == "tiny-eagle":
         return random_eagle(spec.shape, SEEDS[name], model_tensors("tiny-target"))

@@ -1,4 +1,4 @@
-"""fp32 linear layers and LM heads on CPU through oneDNN with prepacked weights.
+"""fp32 and bf16 linear layers and LM heads on CPU through oneDNN with prepacked weights.
 
 Why: speculative decoding pays only if verifying k tokens costs little more than decoding
 one. On a CPU without AMX, SGLang's linear layers run ``F.linear``, whose small-M GEMM
@@ -11,9 +11,10 @@ costs little more than a decode (``benchmarks/cpu_linear.py``; docs/results.md,
 Also why: packed rows are batch-invariant (``ops/packed_linear.py``), so a verify pass and
 a one-token decode compute the same logits for the same position.
 
-Scope: CPU tensors in float32 only (oneDNN's bf16 path needs AVX-512 or AVX-NE-CONVERT;
-on CPUs with AMX SGLang's own packed kernels serve instead). Linear layers are packed in
-place at load (no second copy); an unquantized LM head is packed on first use, once per
+Scope: CPU tensors in float32 and bfloat16 (bf16 computes in bf16 where the CPU has a
+native bf16 dot product, else in fp32: ``ops/packed_linear.py``). SGLang's own AMX kernels
+never serve here: our ``sgl_kernel`` stand-in leaves out the weight packing that would turn
+them on. Linear layers are packed in place at load (no second copy); an unquantized LM head is packed on first use, once per
 distinct weight (the EAGLE draft shares the target's), beside the embedding that still
 needs the plain rows. ``NANOSPEC_CPU_LINEAR=0`` turns it off.
 """
@@ -54,7 +55,7 @@ def after_loading_hook(original: Callable, method, layer: torch.nn.Module) -> No
 def apply_hook(original: Callable, method, layer, x: Tensor, bias: Tensor | None = None):
     """AROUND ``UnquantizedLinearMethod.apply``: the packed kernel for packed layers."""
     packed = getattr(layer, "nanospec_packed", None)
-    if packed is not None and x.dtype == torch.float32:
+    if packed is not None and x.dtype == packed.dtype:
         return packed_linear(x, packed, bias)
     return original(method, layer, x, bias)
 
@@ -86,8 +87,8 @@ def _quantized_head_check() -> Callable:
 
 
 def lm_head_hook(original: Callable, processor, hidden: Tensor, lm_head, *args, **kwargs):
-    """AROUND ``LogitsProcessor._compute_lm_head``: plain fp32 CPU heads use the packed
-    kernel; LoRA, quantized, biased and our own packed draft heads go the original way."""
+    """AROUND ``LogitsProcessor._compute_lm_head``: plain fp32 and bf16 CPU heads use the
+    packed kernel; LoRA, quantized, biased and our own packed draft heads go the original way."""
     bias = args[0] if args else kwargs.get("embedding_bias")
     weight = getattr(lm_head, "weight", None)
     plain = (
@@ -95,7 +96,7 @@ def lm_head_hook(original: Callable, processor, hidden: Tensor, lm_head, *args, 
         and bias is None
         and not hasattr(lm_head, "set_lora")
         and not _quantized_head_check()(lm_head, getattr(lm_head, "quant_method", None))
-        and hidden.dtype == torch.float32
+        and hidden.dtype == weight.dtype
         and packable(weight)
     )
     if not plain:
@@ -110,5 +111,5 @@ def install_cpu_linear_hooks() -> bool:
     seams.hook(seams.LINEAR_AFTER_LOADING, after_loading_hook)
     seams.hook(seams.LINEAR_APPLY, apply_hook)
     seams.hook(seams.LM_HEAD, lm_head_hook)
-    logger.info("nanospec: fp32 CPU linear layers and LM heads use oneDNN packed weights")
+    logger.info("nanospec: fp32/bf16 CPU linear layers and LM heads use oneDNN packed weights")
     return True

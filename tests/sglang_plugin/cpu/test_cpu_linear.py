@@ -1,5 +1,6 @@
-"""The oneDNN packed fp32 linear against F.linear, and the hooks' fall-backs."""
+"""The oneDNN packed fp32 and bf16 linear against F.linear, and the hooks' fall-backs."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -16,23 +17,26 @@ def linear_method(layer, x, bias=None):
     return F.linear(x, layer.weight, bias)
 
 
-def test_fp32_layers_are_packed_in_place_and_computed_packed():
-    layer = Layer(torch.float32)
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_fp32_and_bf16_layers_are_packed_in_place_and_computed_packed(dtype, tolerance):
+    layer = Layer(dtype)
     plain = layer.weight.detach().clone()
     cpu_linear.after_loading_hook(lambda method, layer: None, None, layer)
     assert layer.nanospec_packed.out_features == 12
     # the plain rows are freed; shape, dtype and device stay readable
-    assert layer.weight.shape == (12, 8) and layer.weight.untyped_storage().nbytes() == 4
-    x = torch.randn(5, 8)
+    assert layer.weight.shape == (12, 8) and layer.weight.dtype == dtype
+    assert layer.weight.untyped_storage().nbytes() == dtype.itemsize
+    x = torch.randn(5, 8, dtype=dtype)
     out = cpu_linear.apply_hook(lambda *a: None, None, layer, x)
-    torch.testing.assert_close(out, F.linear(x, plain), rtol=1e-5, atol=1e-5)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, F.linear(x, plain), rtol=tolerance, atol=tolerance)
 
 
 def test_other_dtypes_stay_with_the_original_method():
-    layer = Layer(torch.bfloat16)
+    layer = Layer(torch.float16)
     cpu_linear.after_loading_hook(lambda method, layer: None, None, layer)
     assert getattr(layer, "nanospec_packed", None) is None
-    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    x = torch.randn(3, 8, dtype=torch.float16)
     out = cpu_linear.apply_hook(lambda method, *a: linear_method(*a), None, layer, x)
     assert torch.equal(out, F.linear(x, layer.weight))
 

@@ -1,0 +1,131 @@
+"""Server configurations side by side under SGLang's own load client.
+
+Each configuration of a preset is started alone in turn (two real servers may not fit in
+memory together), driven by `sglang.bench_serving` (random token ids) at each concurrency,
+and stopped; ``--rounds`` rounds interleave them. Prints every run's output tokens per
+second and P99 inter-token latency, then each configuration's median ratio to the
+preset's first one per concurrency.
+
+Presets:
+- ``overlap``: plain decoding of the default target with and without SGLang's overlap
+  schedule (on a CPU torch's streams and events do nothing: does the loop matter?).
+- ``bf16-linear``: in bf16, SGLang's own linear layers (``NANOSPEC_CPU_LINEAR=0``)
+  against our packed row-invariant ones, for plain decoding and the default pair.
+
+    python benchmarks/load_ab.py overlap --rounds 2 --concurrency 8
+    python benchmarks/load_ab.py bf16-linear --rounds 2 --concurrency 1 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanospec_server.env import CPU_LINEAR
+from nanospec_server.launch.server import running_server
+from nanospec_server.models.defaults import default_serve_argv
+
+
+@dataclass(frozen=True)
+class Config:
+    flags: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def presets() -> dict[str, dict[str, Config]]:
+    pair = default_serve_argv()  # the embedded default: target, draft and memory flags
+    plain = pair[:2] + ["--max-total-tokens", "16384"]
+    bf16 = ["--dtype", "bfloat16"]
+    return {
+        "overlap": {
+            "overlap": Config(plain),
+            "no-overlap": Config(plain + ["--disable-overlap-schedule"]),
+        },
+        "bf16-linear": {
+            "plain-sglang-linear": Config(plain + bf16, {CPU_LINEAR: "0"}),
+            "plain-packed": Config(plain + bf16),
+            "pair-sglang-linear": Config(pair + bf16, {CPU_LINEAR: "0"}),
+            "pair-packed": Config(pair + bf16),
+        },
+    }
+
+
+def bench_serving(url: str, tokenizer: str, concurrency: int, args, out: Path) -> dict:
+    command = [
+        sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
+        "--tokenizer", tokenizer, "--dataset-name", "random-ids",
+        "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+        "--num-prompts", str(args.prompts_per_slot * concurrency),
+        "--max-concurrency", str(concurrency), "--seed", str(args.seed), "--output-file", str(out),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    return json.loads(out.read_text().splitlines()[-1])
+
+
+@contextmanager
+def run_config(config: Config, log: Path) -> Iterator[str]:
+    """`running_server` with the configuration's environment (its processes inherit it)."""
+    saved = {key: os.environ.get(key) for key in config.env}
+    os.environ.update(config.env)
+    try:
+        with running_server(config.flags, log) as url:
+            yield url
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("preset", choices=("overlap", "bf16-linear"))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8])
+    parser.add_argument("--prompts-per-slot", type=int, default=2, help="prompts = this x c")
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+
+    configs = presets()[args.preset]
+    speed: dict[tuple[str, int], list[float]] = defaultdict(list)
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.rounds):
+            for name, config in configs.items():
+                tokenizer = config.flags[config.flags.index("--model-path") + 1]
+                with run_config(config, Path(tmp) / f"{name}.log") as url:
+                    for concurrency in args.concurrency:
+                        out = Path(tmp) / f"{name}-{round_}-{concurrency}.jsonl"
+                        report = bench_serving(url, tokenizer, concurrency, args, out)
+                        speed[name, concurrency].append(report["output_throughput"])
+                        print(
+                            f"round {round_ + 1} c={concurrency} {name}: "
+                            f"{report['output_throughput']:.2f} output tok/s, "
+                            f"P99 ITL {report['p99_itl_ms']:.0f} ms",
+                            flush=True,
+                        )
+    first = next(iter(configs))
+    for concurrency in args.concurrency:
+        for name in configs:
+            pairs = zip(speed[name, concurrency], speed[first, concurrency], strict=True)
+            ratios = [mine / theirs for mine, theirs in pairs]
+            print(
+                f"c={concurrency} {name} / {first}: {', '.join(f'{r:.3f}' for r in ratios)} "
+                f"(median {statistics.median(ratios):.3f})"
+            )
+
+
+if __name__ == "__main__":
+    main()
