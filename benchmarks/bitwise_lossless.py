@@ -1,7 +1,8 @@
 """Speculative greedy decoding of a real model, bit for bit against plain decoding.
 
 Plain decoding and each speculative configuration serve the same prompts (one server at a
-time, the prompts sent together so they batch), with every output token's log-probability.
+time, the prompts sent together so they batch, or ``--one-at-a-time``), with every output
+token's log-probability.
 Where speculation is bit-identical (fp32 or bf16 on a CPU through our kernels, see
 docs/cpu.md, "Exactness"), every token and every log-probability must be the same: a difference is a bug.
 The speculative servers prefill in chunks of ``--chunk`` tokens while plain decoding takes
@@ -54,7 +55,7 @@ def pairs() -> dict[str, tuple[str, dict[str, list[str]]]]:
     }  # fmt: skip
 
 
-def answers(url: str, prompts: list[list[int]], max_new_tokens: int) -> list[dict]:
+def answers(url: str, prompts: list[list[int]], max_new_tokens: int, together: bool) -> list[dict]:
     def one(input_ids: list[int]) -> dict:
         reply = generate(url, input_ids, max_new_tokens, return_logprob=True)
         meta = reply["meta_info"]
@@ -62,7 +63,7 @@ def answers(url: str, prompts: list[list[int]], max_new_tokens: int) -> list[dic
                 "logprobs": [entry[0] for entry in meta["output_token_logprobs"]],
                 "accept": meta.get("spec_accept_length")}  # fmt: skip
 
-    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+    with ThreadPoolExecutor(max_workers=len(prompts) if together else 1) as pool:
         return list(pool.map(one, prompts))
 
 
@@ -86,6 +87,11 @@ def main() -> int:
     parser.add_argument("--limit-per-task", type=int, default=1)
     parser.add_argument("--seed", type=int, default=7, help="prompt draw (not a tuned-on seed)")
     parser.add_argument("--chunk", type=int, default=64, help="speculative prefill chunk size")
+    parser.add_argument(
+        "--one-at-a-time", action="store_true",
+        help="send the prompts one after another (a decode of one row against a verify of "
+        "several), not together",
+    )  # fmt: skip
     parser.add_argument("--specbench", type=Path, default=None)
     parser.add_argument("--configs", nargs="+", help="a subset of the pair's configurations")
     parser.add_argument("--out", type=Path, default=Path("bench_results/bitwise_lossless.json"))
@@ -114,11 +120,12 @@ def main() -> int:
     for name, flags in runs.items():
         with running_server(base + flags, log_dir / f"{name}.log") as url:
             start = time.perf_counter()
-            results[name] = answers(url, prompts, args.max_new_tokens)
+            results[name] = answers(url, prompts, args.max_new_tokens, not args.one_at_a_time)
             timings[name] = time.perf_counter() - start
         print(f"{name}: {timings[name]:.1f} s", flush=True)
 
     report = {"pair": args.pair, "target": target_name, "dtype": args.dtype,
+              "one_at_a_time": args.one_at_a_time,
               "max_new_tokens": args.max_new_tokens,
               "prompts": [c.id for c in chats], "bitwise_expected": expected,
               "seconds": timings, "configs": {}}  # fmt: skip
