@@ -109,13 +109,12 @@ def k_block(dtype: torch.dtype = torch.float32) -> int:
 
 def pack(weight: Tensor) -> OneDnnWeight:
     """The weight [N, K] in oneDNN's blocked layout, in row-invariant column blocks."""
-    computes = compute_dtype(weight.dtype)
+    dtype, computes = weight.dtype, compute_dtype(weight.dtype)
     weight = weight.detach().to(computes)
     width = k_block(computes)
     blocks = tuple(
         _pack_block(weight[:, start : start + width]) for start in range(0, weight.shape[1], width)
     )
-    dtype = torch.bfloat16 if computes == torch.bfloat16 else weight.dtype
     return OneDnnWeight(blocks, width, weight.shape[0], weight.shape[1], dtype, computes)
 
 

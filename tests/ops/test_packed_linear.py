@@ -74,6 +74,7 @@ def test_a_bf16_row_does_not_depend_on_the_rows_beside_it(bf16_kernel, rows, wid
     bias = torch.randn(out, generator=gen).bfloat16()
     packed = packed_linear.pack(weight)
     assert packed.compute_dtype == (torch.bfloat16 if bf16_kernel else torch.float32)
+    assert packed.dtype == torch.bfloat16  # what the layer's hook compares inputs with
     together = packed_linear.packed_linear(x, packed, bias)
     assert together.dtype == torch.bfloat16
     torch.testing.assert_close(together, F.linear(x, weight, bias), rtol=2e-2, atol=2e-2)

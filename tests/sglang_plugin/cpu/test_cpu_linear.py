@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nanospec_server.ops import packed_linear
 from nanospec_server.sglang_plugin.cpu import linear as cpu_linear
 
 
@@ -17,8 +18,14 @@ def linear_method(layer, x, bias=None):
     return F.linear(x, layer.weight, bias)
 
 
+@pytest.mark.parametrize("native_bf16", [True, False], ids=["native-bf16", "bf16-as-fp32"])
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_fp32_and_bf16_layers_are_packed_in_place_and_computed_packed(dtype, tolerance):
+def test_fp32_and_bf16_layers_are_packed_in_place_and_computed_packed(
+    dtype, tolerance, native_bf16, monkeypatch
+):
+    if native_bf16 and not packed_linear.native_bf16():
+        pytest.skip("no native bf16 dot product on this CPU")
+    monkeypatch.setattr(packed_linear, "native_bf16", lambda: native_bf16)
     layer = Layer(dtype)
     plain = layer.weight.detach().clone()
     cpu_linear.after_loading_hook(lambda method, layer: None, None, layer)
