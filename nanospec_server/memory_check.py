@@ -132,12 +132,17 @@ def served_dtype_bytes(dtype: str, model_dir: Path) -> int:
 def packed_bytes(dtype: str) -> int | None:
     """Bytes per element of the oneDNN-packed weights at a served dtype (fp32; bf16 where
     the CPU computes in bf16, else fp32), or None where nothing is packed."""
-    if not cpu_linear() or dtype not in ("float32", "float", "bfloat16"):
+    if not cpu_linear():
         return None
     # deferred: imports torch only when called
-    from nanospec_server.ops.packed_linear import native_bf16
+    import torch
 
-    return 2 if dtype == "bfloat16" and native_bf16() else 4
+    from nanospec_server.ops import packed_linear
+
+    torch_dtype = getattr(torch, dtype, None)
+    if torch_dtype not in packed_linear.PACKABLE_DTYPES:
+        return None
+    return packed_linear.compute_dtype(torch_dtype).itemsize
 
 
 def kv_bytes_per_token(model_dir: Path, element_size: int) -> int:
