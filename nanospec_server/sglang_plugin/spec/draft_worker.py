@@ -41,7 +41,7 @@ class NanoSpecDraftMixin:
         self.draft_kind = draft_kind_for(self.speculative_algorithm)
         sharded_map = tp_head.tp_size() > 1 and self.hot_token_id is not None
         if sharded_map and self.draft_kind.hot_tokens_are_token_map:
-            # SGLang would index its local shard with global ids (sglang issue 4328).
+            # SGLang would index its local shard with global ids.
             self.token_map, self.hot_token_id = self.hot_token_id, None
         super().init_lm_head()
         if self.token_map is not None:

@@ -7,7 +7,7 @@ target's shard. So at TP >= 2:
 
 - dynamic modes: ``vocab.sharded_vocab.ShardedVocab`` packs each rank's own rows;
 - static mode (FR-Spec token map): each rank keeps the map's tokens that fall in its shard
-  (SGLang's own pruning indexes the local shard with global ids: sglang issue 4328), and
+  (SGLang's own pruning indexes the local shard with global ids), and
   the gathered columns are mapped back through a table with -1 for padding columns;
 - top-K_pre at prefill: each rank's top-k of its shard, all-gathered, then the global one.
 
