@@ -1,17 +1,20 @@
 """What a depth-0 step of adaptive speculation costs against a plain decode step.
 
-Two servers side by side (plain decoding; the same target with a speculative draft and
+Two servers side by side (plain decoding; the same target with its draft and
 `--nanospec-adaptive`, pinned live to depth 0 with `{"adaptive_depth": 0}`), one batch
-of ``b`` greedy requests to each in turn, ``--rounds`` times, for each batch size. A step's
-wall time is read the same way on both: the client-side interval between successive
-streamed chunks of a request while the whole batch decodes (one token per request per
-step on both servers), median over requests and steps. The adaptive server's own
-`/stats/vocab` step timings (``adaptive.recent_steps``) are printed beside it.
+of ``b`` greedy requests to each in turn (the order alternating), ``--rounds`` times, for
+each batch size. A step's wall time is read the same way on both: the client-side interval
+between successive streamed chunks of a request while the whole batch decodes (one token
+per request per step on both servers), median over requests and steps. Per batch size:
+the median ratio over rounds and its bootstrap 95% interval. The adaptive server's own
+`/stats/vocab` step timings (``adaptive.recent_steps``) and the path its steps took are
+printed beside it. Each server runs in the dtype `nanospec serve` picks on the host.
 
-    python benchmarks/depth0_cost.py --target qwen2.5-coder-0.5b-instruct \\
-        --eagle nanospec_server/models/heads/qwen2.5-coder-0.5b-instruct-eagle --shape 4,4,8
-
-Extra flags for the adaptive server go after ``--adaptive-flags`` (e.g. skip the extend).
+    python benchmarks/depth0_cost.py --pair default --rounds 10   # 1.5B + STANDALONE 0.5B
+    python benchmarks/depth0_cost.py --pair eagle --rounds 10     # 0.5B + its EAGLE head
+    # SGLang's depth-0 step (a one-node verify) against plain decoding, for comparison:
+    python benchmarks/depth0_cost.py --pair eagle --adaptive-flags \
+        --nanospec-adaptive-verify-depth-0
 """
 
 from __future__ import annotations
@@ -24,11 +27,22 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import requests
 
+from nanospec_server.bench.cli import shipped_eagle_head
 from nanospec_server.bench.specbench import first_turns
 from nanospec_server.launch.server import running_servers, speculative_flags
+from nanospec_server.models.defaults import default_serve_argv
 from nanospec_server.models.paths import model_paths
+
+PAIRS = {  # the adaptive server's flags; the plain server serves its first two (the target)
+    "default": lambda: default_serve_argv() + ["--nanospec-prior-k", "2048"],
+    "eagle": lambda: (
+        ["--model-path", str(model_paths("qwen2.5-coder-0.5b-instruct").hf_dir)]
+        + speculative_flags("EAGLE", str(shipped_eagle_head()), 4, 1, 5)
+    ),
+}
 
 
 def prompts(count: int) -> list[str]:
@@ -69,33 +83,40 @@ def set_settings(url: str, admin_key: str, changes: dict) -> None:
     response.raise_for_status()
 
 
+def bootstrap_median(values: list[float], draws: int = 4000, seed: int = 0) -> tuple:
+    """The median and its bootstrap 95% interval."""
+    rng = np.random.default_rng(seed)
+    sample = np.array(values)
+    medians = np.median(rng.choice(sample, (draws, len(sample))), axis=1)
+    return float(np.median(sample)), *np.percentile(medians, [2.5, 97.5]).tolist()
+
+
+def path_counts(stats: dict, b: int) -> str:
+    paths: dict[str, int] = {}
+    for step in stats["adaptive"]["recent_steps"]:
+        if step["batch_size"] == b and step["depth"] == 0:
+            paths[step["path"]] = paths.get(step["path"], 0) + 1
+    return ", ".join(f"{n} {p}" for p, n in sorted(paths.items())) or "none"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--eagle", help="an EAGLE head directory (else --standalone)")
-    parser.add_argument("--standalone", help="a STANDALONE draft model")
-    parser.add_argument("--shape", default="4,4,8")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="eagle")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16])
     parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--adaptive-flags", nargs=argparse.REMAINDER, default=[])
     args = parser.parse_args()
 
-    def resolve(name: str) -> Path:  # a registry name, or a path
-        return Path(name) if Path(name).exists() else model_paths(name).hf_dir
-
-    target = resolve(args.target)
-    steps, topk, tokens = (int(x) for x in args.shape.split(","))
-    algorithm, draft = ("EAGLE", args.eagle) if args.eagle else ("STANDALONE", args.standalone)
-    draft_path = resolve(draft) if algorithm == "STANDALONE" else draft
     admin_key = "depth0-cost-admin-key-0123456789"
-    base = ["--model-path", str(target), "--dtype", "float32", "--max-total-tokens", "16384"]
-    base += ["--mem-fraction-static", "0.9", "--admin-api-key", admin_key]
-    spec = speculative_flags(algorithm, draft_path, steps, topk, tokens)
-    spec += ["--nanospec-adaptive", *args.adaptive_flags]
+    spec = PAIRS[args.pair]()
+    limits = ["--max-total-tokens", "16384", "--admin-api-key", admin_key]
+    plain = spec[:2] + limits  # the target alone
+    adaptive = spec + limits + ["--nanospec-adaptive", *args.adaptive_flags]
     logs = Path(tempfile.mkdtemp(prefix="depth0-cost-"))
-    servers = {"plain": (base, logs / "plain.log"), "depth0": (base + spec, logs / "a.log")}
-    with running_servers(servers) as urls:
+    servers = {"plain": (plain, logs / "plain.log"), "depth0": (adaptive, logs / "a.log")}
+    print(" ".join(["adaptive:", *adaptive]), flush=True)
+    with running_servers(servers, one_at_a_time=True) as urls:
         set_settings(urls["depth0"], admin_key, {"adaptive_depth": 0})
         texts = prompts(max(args.batch_sizes))
         print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
@@ -117,12 +138,15 @@ def main() -> None:
                 print(
                     f"b={b:2d} round {round_}: plain {ms['plain']:8.1f} ms/step  depth-0 "
                     f"{ms['depth0']:8.1f} ms/step  ratio {ms['depth0'] / ms['plain']:.3f}  "
-                    f"(server's own depth-0 step_ms median {own_ms:.1f})",
+                    f"(server's own depth-0 step_ms median {own_ms:.1f}; {path_counts(stats, b)})",
                     flush=True,
                 )
                 ratios.append(ms["depth0"] / ms["plain"])
+            median, low, high = bootstrap_median(ratios)
             print(
-                f"b={b:2d}: median ratio over {args.rounds} rounds {statistics.median(ratios):.3f}"
+                f"b={b:2d}: depth-0 / plain median {median:.3f} over {args.rounds} rounds, "
+                f"95% interval [{low:.3f}, {high:.3f}]",
+                flush=True,
             )
         print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 

@@ -86,6 +86,12 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         "still lossless, the draft's cache then lacks that run's tokens but the last",
     )  # fmt: skip
     nanospec.add_argument(
+        "--nanospec-adaptive-verify-depth-0", action="store_true",
+        help="with --nanospec-adaptive: run depth-0 steps through SGLang's speculative "
+        "verify path (TARGET_VERIFY) instead of its plain decode step (the reference "
+        "benchmarks/depth0_cost.py measures the plain step against)",
+    )  # fmt: skip
+    nanospec.add_argument(
         "--nanospec-adaptive-policy", choices=policy_names(), default=None,
         help=f"with --nanospec-adaptive: the policy that chooses each step's depth "
         f"(default {DEFAULT_POLICY}: the goodput rule; fixed: the launch's depth every step "
@@ -143,6 +149,7 @@ def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             prior_k=args.nanospec_prior_k,
             adaptive=args.nanospec_adaptive,
             adaptive_skip_extend=not args.nanospec_adaptive_keep_extend,
+            adaptive_plain=not args.nanospec_adaptive_verify_depth_0,
             adaptive_policy=args.nanospec_adaptive_policy or DEFAULT_POLICY,
         )
     except ValidationError as error:
@@ -200,6 +207,8 @@ def _check_flags(config: NanoSpecConfig, argv: list[str], parser: argparse.Argum
 def _check_extend_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if args.nanospec_adaptive_keep_extend and not args.nanospec_adaptive:
         parser.error("--nanospec-adaptive-keep-extend: needs --nanospec-adaptive")
+    if args.nanospec_adaptive_verify_depth_0 and not args.nanospec_adaptive:
+        parser.error("--nanospec-adaptive-verify-depth-0: needs --nanospec-adaptive")
     if args.nanospec_adaptive_policy is not None and not args.nanospec_adaptive:
         parser.error("--nanospec-adaptive-policy: needs --nanospec-adaptive")
 

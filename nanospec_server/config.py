@@ -74,6 +74,11 @@ class NanoSpecConfig(BaseModel):
     adaptive_skip_extend: bool = Field(
         True, description="at depth 0, the draft extend only before a drafting step (start-time)"
     )
+    # A depth-0 step runs SGLang's plain decode path (sglang_plugin/spec/plain_step.py) on a
+    # CPU; False runs it as SGLang's one-node verify (the reference its cost is measured by).
+    adaptive_plain: bool = Field(
+        True, description="at depth 0, SGLang's plain decode step (start-time)"
+    )
 
     @field_validator("adaptive_policy")
     @classmethod

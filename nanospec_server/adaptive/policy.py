@@ -32,9 +32,19 @@ if TYPE_CHECKING:
 # per step whatever the batch) and a cost per drafted token (compute that grows with both).
 FEATURES = 4
 
+# The cells a timed step falls in: a speculative step (verify, draft extend, at any depth),
+# a depth-0 step on SGLang's plain decode path, and a plain step that also ran the draft's
+# catch-up over the tokens it missed (timed apart, so that neither inflates the other).
+# They are named as the paths a step takes (`depth_policy.py`).
+VERIFY_CELL, PLAIN_CELL, CATCH_UP_CELL = "verify", "plain", "plain-catch-up"
+
 
 def step_features(batch_size: int, depth: int) -> np.ndarray:
     return np.array([1.0, batch_size, depth, batch_size * depth])
+
+
+def plain_features(batch_size: int) -> np.ndarray:
+    return np.array([1.0, batch_size])
 
 
 @dataclass
@@ -44,6 +54,12 @@ class StepCostModel:
     depth) seen: on a shared host single steps stall for whole scheduler slices, and a
     median shrugs those off where a mean would chase them.
 
+    Speculative steps fit ``T(b, k)``; depth-0 steps on the plain decode path fit their own
+    line ``T0(b) = a0 + a1*b`` (a plain step is not a verify of one token: a different
+    attention path and sampler), which ``predict(b, 0)`` answers with once it has them.
+    Catch-up steps are kept apart (``catch_up_ms``): a switch from depth 0 to drafting pays
+    one, which the policy's hysteresis, not the per-step fit, accounts for.
+
     Ready once two depths are timed ``min_samples`` times each: the policy times the cheap
     depth (0) and the deep one that often, each after its warm-up step, and probes keep
     refining them. With the deep depth timed once, one stalled timing (10x) tilted the
@@ -52,56 +68,94 @@ class StepCostModel:
     steps. The median of three shrugs off one stall, for two more deep steps in a
     server's life. While one batch size is all it has seen, the minimum-norm solution
     still predicts exactly there and spreads its guess for other sizes over the per-step
-    and per-request terms."""
+    and per-request terms. The fit is cached and redone every ``refit_every`` timings."""
 
     window: int = 256
     min_samples: int = 3
+    refit_every: int = 8
     samples: deque = field(default_factory=deque)
-    warmed: set = field(default_factory=set)  # depths whose first step has run
+    warmed: set = field(default_factory=set)  # (depth, cell) whose first step has run
     _coef: np.ndarray | None = None
+    _plain_coef: np.ndarray | None = None
+    _since_fit: int = 0
 
-    def observe(self, batch_size: int, depth: int, seconds: float) -> None:
-        """The first step at each depth is a warm-up, not a timing: it pays one-time costs
-        (first kernel calls, allocations; seconds for a bf16 draft on a CPU), and a
-        single such timing of the deep depth kept a fresh server at depth 0 for hundreds
-        of steps, its probes climbing one depth at a time."""
-        if depth not in self.warmed:
-            self.warmed.add(depth)
+    def observe(self, batch_size: int, depth: int, seconds: float, cell: str = VERIFY_CELL):
+        """The first step at each depth (and cell) is a warm-up, not a timing: it pays
+        one-time costs (first kernel calls, allocations; seconds for a bf16 draft on a CPU),
+        and a single such timing of the deep depth kept a fresh server at depth 0 for
+        hundreds of steps, its probes climbing one depth at a time."""
+        if (depth, cell) not in self.warmed:
+            self.warmed.add((depth, cell))
             return
-        self.samples.append((batch_size, depth, seconds))
+        self.samples.append((batch_size, depth, seconds, cell))
         while len(self.samples) > self.window:
             self.samples.popleft()
-        self._coef = None
+        self._since_fit += 1
+        if self._coef is None or self._since_fit >= self.refit_every:
+            self._coef = self._plain_coef = None
 
     def timings_per_depth(self) -> dict[int, int]:
         counts: dict[int, int] = {}
-        for _, k, _ in self.samples:
-            counts[k] = counts.get(k, 0) + 1
+        for _, k, _, cell in self.samples:
+            if cell != CATCH_UP_CELL:
+                counts[k] = counts.get(k, 0) + 1
         return counts
+
+    def timed_depths(self) -> set[int]:
+        """The depths timed ``min_samples`` times: those a prediction may be trusted at."""
+        return {k for k, n in self.timings_per_depth().items() if n >= self.min_samples}
 
     def largest_batch_timed(self, depth: int) -> int:
         """The largest batch size with a timing at this depth (0 if none)."""
-        return max((b for b, k, _ in self.samples if k == depth), default=0)
+        timed = (b for b, k, _, cell in self.samples if k == depth and cell != CATCH_UP_CELL)
+        return max(timed, default=0)
 
     @property
     def ready(self) -> bool:
-        counts = self.timings_per_depth()
-        return sum(1 for n in counts.values() if n >= self.min_samples) >= 2
+        return len(self.timed_depths()) >= 2
 
     def coefficients(self) -> np.ndarray:
+        """``T(b, k)``'s, fitted to the speculative steps (to every step while none
+        is timed at a drafting depth: the line then only has depth 0)."""
         if self._coef is None:
-            cells: dict[tuple[int, int], list[float]] = {}
-            for b, k, t in self.samples:
-                cells.setdefault((b, k), []).append(t)
-            x = np.stack([step_features(b, k) for b, k in cells])
-            y = np.array([float(np.median(times)) for times in cells.values()])
-            self._coef = np.linalg.lstsq(x, y, rcond=None)[0]
+            verify = [(b, k, t) for b, k, t, cell in self.samples if cell == VERIFY_CELL]
+            fitted = verify or [(b, k, t) for b, k, t, cell in self.samples]
+            self._coef = _least_squares(fitted, step_features, FEATURES)
+            self._since_fit = 0
         return self._coef
+
+    def plain_coefficients(self) -> np.ndarray | None:
+        """``T0(b)``'s, fitted to the plain depth-0 steps; None if none is timed."""
+        if self._plain_coef is None:
+            plain = [(b, 0, t) for b, k, t, cell in self.samples if cell == PLAIN_CELL]
+            if plain:
+                self._plain_coef = _least_squares(plain, lambda b, _: plain_features(b), 2)
+        return self._plain_coef
 
     def predict(self, batch_size: int, depth: int) -> float:
         """Seconds for one step; never below a microsecond (a fit on noisy timings can
         extrapolate below zero far from the data)."""
+        plain = self.plain_coefficients() if depth == 0 else None
+        if plain is not None:
+            return max(float(plain_features(batch_size) @ plain), 1e-6)
         return max(float(step_features(batch_size, depth) @ self.coefficients()), 1e-6)
+
+    def catch_up_ms(self) -> float | None:
+        """The median catch-up step, in milliseconds (None: none timed)."""
+        times = [t for _, _, t, cell in self.samples if cell == CATCH_UP_CELL]
+        return round(1000 * float(np.median(times)), 3) if times else None
+
+
+def _least_squares(samples: list[tuple[int, int, float]], features, width: int) -> np.ndarray:
+    """The fit to each (batch size, depth) cell's median time."""
+    cells: dict[tuple[int, int], list[float]] = {}
+    for b, k, t in samples:
+        cells.setdefault((b, k), []).append(t)
+    if not cells:
+        return np.zeros(width)
+    x = np.stack([features(b, k) for b, k in cells])
+    y = np.array([float(np.median(times)) for times in cells.values()])
+    return np.linalg.lstsq(x, y, rcond=None)[0]
 
 
 @dataclass
@@ -148,13 +202,18 @@ class GoodputPolicy:
 
     - Until the cost model is ready it explores: the shallowest candidate (plain decoding
       at 0, what a busy server wants anyway) ``min_samples`` times, then the deepest as
-      often, each after its warm-up step. A fresh server thus spends ``min_samples`` + 1
-      expensive steps on the full depth, not as many per depth; the linear model spans the
-      depths between, probes refine them.
-    - Then it takes the depth of highest predicted goodput, switching away from the
-      current one only for a gain of ``min_gain`` (noise would otherwise flap it).
+      often, then the shallowest drafting depth as often, each after its warm-up step.
+      Two drafting depths split a verify's fixed cost from a draft step's; one leaves the
+      fit guessing (a minimum-norm split that priced depth 1 at 40% of depth 3).
+    - Then it takes the depth of highest predicted goodput among the depths it trusts
+      (timed, or between two timed drafting depths: never one the fit extrapolates to),
+      switching away from the
+      current one only for a gain of ``min_gain`` seen on ``confirm_steps`` decisions in a
+      row: the depth does not flip at a threshold, step after step.
     - Every ``probe_every`` steps it runs one step at a neighbouring depth, so the cost
-      model and, from depth 0, the acceptance estimate stay current.
+      model and, from depth 0, the acceptance estimate stay current. Under a steady load a
+      probe that changes nothing doubles the interval (up to ``max_probe_every``); a new
+      settled depth, or a batch size a third off the last probe's, brings it back.
     - A batch larger than any timed at depth 0 runs at depth 0 first (a probe): the cheap
       step that a growing load most likely wants, and the timing that tells the fit how
       a request's cost grows without drafts.
@@ -164,7 +223,9 @@ class GoodputPolicy:
     name: ClassVar[str] = "goodput"
     candidates: list[int]
     min_gain: float = 0.03
+    confirm_steps: int = 2
     probe_every: int = 32
+    max_probe_every: int = 512
     enabled: bool = True
     cost: StepCostModel = field(default_factory=StepCostModel)
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
@@ -172,11 +233,19 @@ class GoodputPolicy:
     steps: int = 0
     settled: int | None = None  # the last depth chosen on goodput (probes aside)
     _probe_up: bool = True
+    _probe_interval: int = 0  # the interval in force (probe_every .. max_probe_every)
+    _next_probe: int = 0  # the step the next probe runs at
+    _settled_at_probe: int | None = None
+    _batch_at_probe: int = 0
+    _challenger: int | None = None  # a depth that beat the settled one, and how often
+    _challenges: int = 0
 
     def __post_init__(self) -> None:
         if not self.candidates or any(k < 0 for k in self.candidates):
             raise ValueError(f"candidate depths must be non-negative, got {self.candidates}")
         self.candidates = sorted(set(self.candidates))
+        self._probe_interval = self.probe_every
+        self._next_probe = self.probe_every
 
     @property
     def deepest(self) -> int:
@@ -187,28 +256,66 @@ class GoodputPolicy:
         tokens = batch_size * self.acceptance.expected_tokens(depth)
         return tokens / self.cost.predict(batch_size, depth)
 
+    def trusted(self) -> list[int]:
+        """The candidates whose prediction counts: depth 0 once timed often enough, and the
+        drafting depths from the shallowest to the deepest so timed (interpolated, never
+        extrapolated)."""
+        timed = self.cost.timed_depths()
+        drafting = [k for k in timed if k > 0]
+        low, high = (min(drafting), max(drafting)) if drafting else (1, 0)
+        return [k for k in self.candidates if (k == 0 and k in timed) or low <= k <= high]
+
     def choose(self, batch_size: int) -> Decision:
         self.steps += 1
         if fixed := self._fixed():
             return fixed
-        if not self.cost.ready:
-            return Decision(self._explore_depth(), "explore", {})
-        predicted = {k: self.goodput(batch_size, k) for k in self.candidates}
+        explore = self._explore_depth()
+        if explore is not None or not self.cost.ready:
+            return Decision(self.candidates[0] if explore is None else explore, "explore", {})
+        predicted = {k: self.goodput(batch_size, k) for k in self.trusted()}
         shallowest = self.candidates[0]
         if batch_size > self.cost.largest_batch_timed(shallowest):
             # The fit cannot split a per-request cost between depths it has timed at
             # smaller batches only: time the cheap depth at this size before trusting it.
             return Decision(shallowest, "probe", predicted)
-        best = _argmax(predicted)
-        held = self.settled
-        if held is None or predicted[best] > predicted[held] * (1 + self.min_gain):
-            chosen, reason = best, "goodput"
-        else:
-            chosen, reason = held, "hold"
-        self.settled = chosen
-        if self.steps % self.probe_every == 0:
+        chosen, reason = self._settle(_argmax(predicted), predicted)
+        if not _steady(batch_size, self._batch_at_probe):  # another load: probe as at first
+            self._probe_interval = self.probe_every
+            self._next_probe = min(self._next_probe, self.steps + self.probe_every)
+            self._batch_at_probe = batch_size
+        if self.steps >= self._next_probe:
+            if chosen == self._settled_at_probe:  # nothing changed since: probe less
+                self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
+            self._settled_at_probe, self._batch_at_probe = chosen, batch_size
+            self._next_probe = self.steps + self._probe_interval
             return Decision(self._neighbour(chosen), "probe", predicted)
         return Decision(chosen, reason, predicted)
+
+    def _settle(self, best: int, predicted: dict[int, float]) -> tuple[int, str]:
+        """Hysteresis: the settled depth holds unless ``best`` beats it by ``min_gain`` on
+        ``confirm_steps`` decisions in a row."""
+        held = self.settled
+        if held is None or held not in predicted:
+            self._moved(best)
+            return best, "goodput"
+        if best != held and predicted[best] > predicted[held] * (1 + self.min_gain):
+            if best == self._challenger:
+                self._challenges += 1
+            else:
+                self._challenger, self._challenges = best, 1
+            if self._challenges >= self.confirm_steps:
+                self._moved(best)
+                return best, "goodput"
+        else:
+            self._challenger, self._challenges = None, 0
+        return held, "hold"
+
+    def _moved(self, depth: int) -> None:
+        if depth != self.settled:  # a new regime: probe at the base rate again
+            self._probe_interval = self.probe_every
+            self._next_probe = min(self._next_probe, self.steps + self.probe_every)
+        self.settled = depth
+        self._challenger, self._challenges = None, 0
 
     def predicted_best(self, batch_size: int) -> int | None:
         """The depth a fresh decision would take at this batch size (no hysteresis, no
@@ -216,19 +323,21 @@ class GoodputPolicy:
         goodput; None while the cost model is not ready."""
         if fixed := self._fixed():
             return fixed.depth
-        if not self.cost.ready:
+        if not self.cost.ready or self._explore_depth() is not None:
             return None
-        return _argmax({k: self.goodput(batch_size, k) for k in self.candidates})
+        return _argmax({k: self.goodput(batch_size, k) for k in self.trusted()})
 
     def observe_step(self, record: StepRecord) -> None:
         if record.seconds is not None:
-            self.cost.observe(record.batch_size, record.depth, record.seconds)
+            cell = record.path if record.path in (PLAIN_CELL, CATCH_UP_CELL) else VERIFY_CELL
+            self.cost.observe(record.batch_size, record.depth, record.seconds, cell)
 
     def observe_acceptance(self, accepted: list[int], depth: int) -> None:
         self.acceptance.observe(accepted, depth)
 
     def published(self) -> dict[str, Any]:
         ready = self.cost.ready
+        plain = self.cost.plain_coefficients() if ready else None
         return {
             "pinned_depth": self.pinned,
             "acceptance_rate": self.acceptance.rate,
@@ -236,6 +345,12 @@ class GoodputPolicy:
             "cost_model_ms": [round(1000 * float(c), 4) for c in self.cost.coefficients()]
             if ready
             else None,
+            "plain_cost_ms": [round(1000 * float(c), 4) for c in plain]
+            if plain is not None
+            else None,
+            "catch_up_step_ms": self.cost.catch_up_ms(),
+            "trusted_depths": self.trusted(),
+            "probe_interval": self._probe_interval,
         }
 
     def _fixed(self) -> Decision | None:
@@ -247,12 +362,16 @@ class GoodputPolicy:
             return Decision(self.deepest, "fixed", {})
         return None
 
-    def _explore_depth(self) -> int:
-        """The shallowest depth until it has ``min_samples`` timings, then the deepest."""
-        shallowest = self.candidates[0]
-        if self.cost.timings_per_depth().get(shallowest, 0) < self.cost.min_samples:
-            return shallowest
-        return self.deepest
+    def _explore_depth(self) -> int | None:
+        """The next depth to time while exploring (the shallowest, the deepest, the
+        shallowest drafting depth, ``min_samples`` times each), None once all are."""
+        counts = self.cost.timings_per_depth()
+        drafting = [k for k in self.candidates if k > 0]
+        order = [self.candidates[0], self.deepest] + drafting[:1]
+        for depth in dict.fromkeys(order):
+            if counts.get(depth, 0) < self.cost.min_samples:
+                return depth
+        return None
 
     def _neighbour(self, depth: int) -> int:
         """The next candidate up or down (alternating; up from 0, down from the deepest)."""
@@ -260,6 +379,11 @@ class GoodputPolicy:
         go_up = index == 0 or (self._probe_up and index < len(self.candidates) - 1)
         self._probe_up = not self._probe_up
         return self.candidates[index + 1 if go_up else index - 1]
+
+
+def _steady(batch_size: int, before: int) -> bool:
+    """Whether a batch size is the same load as ``before`` (within a third either way)."""
+    return 3 * before <= 4 * batch_size and 3 * batch_size <= 4 * before
 
 
 def _argmax(predicted: dict[int, float]) -> int:

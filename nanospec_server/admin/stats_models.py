@@ -40,6 +40,12 @@ class RequestEntry(BaseModel):
     )
     accept_length_mean: float | None = Field(description="tokens emitted per draft step")
     draft_steps: int
+    plain_steps: int = Field(
+        0, description="depth-0 steps on SGLang's plain decode path (one token each, no draft)"
+    )
+    catch_up_tokens: int = Field(
+        0, description="tokens the draft ran over to catch up after depth-0 steps"
+    )
     accepted_draft_tokens: int
     drafted_tokens: int | None = Field(
         None, description="draft tokens proposed: the sum of each step's depth as it ran"
@@ -67,7 +73,11 @@ class Aggregates(BaseModel):
     prompt_tokens: int
     output_tokens: int
     draft_steps: int
-    emitted_tokens: int = Field(0, description="tokens emitted by the draft steps (raw sum)")
+    plain_steps: int = Field(0, description="depth-0 steps on the plain decode path")
+    catch_up_tokens: int = Field(0, description="tokens the draft caught up on (raw sum)")
+    emitted_tokens: int = Field(
+        0, description="tokens emitted by the draft steps and the plain steps (raw sum)"
+    )
     covered_tokens: int = Field(0, description="of them, in the active vocabulary (raw sum)")
     covered_by_head_tokens: int = Field(0, description="of them, in the head's own (raw sum)")
     active_vocab_sum: int = Field(0, description="active vocabulary summed over steps (raw sum)")
@@ -99,6 +109,8 @@ class Aggregates(BaseModel):
             prompt_tokens=total("prompt_tokens"),
             output_tokens=total("output_tokens"),
             draft_steps=total("draft_steps"),
+            plain_steps=total("plain_steps"),
+            catch_up_tokens=total("catch_up_tokens"),
             emitted_tokens=total("emitted_tokens"),
             covered_tokens=total("covered_tokens"),
             covered_by_head_tokens=total("covered_by_head_tokens"),
@@ -131,14 +143,15 @@ class Aggregates(BaseModel):
             head_vocab_coverage_mean=(
                 sums["covered_by_head_tokens"] / emitted if emitted else None
             ),
-            accept_length_mean=emitted / steps if steps else None,
+            accept_length_mean=(emitted - sums["plain_steps"]) / steps if steps else None,
             lm_head_rows_saved_fraction=1 - computed / full if full else None,
         )
 
 
 SUMMED_FIELDS = (
     "requests_finished", "requests_aborted", "requests_running", "prompt_tokens",
-    "output_tokens", "draft_steps", "emitted_tokens", "covered_tokens",
+    "output_tokens", "draft_steps", "plain_steps", "catch_up_tokens", "emitted_tokens",
+    "covered_tokens",
     "covered_by_head_tokens", "active_vocab_sum", "lm_head_rows_computed",
     "lm_head_rows_full_vocab", "state_bytes", "state_bytes_in_use", "state_bytes_idle",
 )  # fmt: skip

@@ -207,10 +207,11 @@ def check_no_stale_state(url: str) -> None:
     assert {"0", "3"} <= set(adaptive["steps_by_depth"]), adaptive
     assert [s["draft_steps"] for s in snapshots] == sorted(s["draft_steps"] for s in snapshots)
     last = snapshots[-1]
-    assert last["drafted_tokens"] < 3 * last["draft_steps"]  # not every step at depth 3
-    # Every step counted, depth-0 ones too (with the extend skipped, through our hook):
-    # SGLang's own count of verify passes, and every token sent was emitted by one.
-    assert last["draft_steps"] == meta["spec_verify_ct"], (last, meta["spec_verify_ct"])
+    assert last["plain_steps"] > 0  # some steps ran at depth 0, on the plain decode path
+    # Every step counted once, depth-0 ones apart (through our hooks): SGLang counts them
+    # all as verify passes, and every token sent was emitted by one.
+    steps = last["draft_steps"] + last["plain_steps"]
+    assert steps == meta["spec_verify_ct"], (last, meta["spec_verify_ct"])
     assert last["emitted_tokens"] >= meta["completion_tokens"], last
     # The second lap: from the first snapshot past one cycle to the one before the last
     # (the last step may draft past max_new_tokens and have its tail cut).

@@ -35,6 +35,8 @@ import logging
 import os
 import time
 from collections import Counter, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -42,10 +44,13 @@ from sglang.srt.arg_groups.overrides import resolved_view, resolving_view
 from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 from sglang.srt.runtime_context import attn_dp_enabled_of, get_exec
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
+from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from nanospec_server import seams
 from nanospec_server.adaptive.depth_policy import (
+    PLAIN,
+    PLAIN_CATCH_UP,
     VERIFY,
     VERIFY_WITHOUT_EXTEND,
     DepthPolicy,
@@ -54,7 +59,10 @@ from nanospec_server.adaptive.depth_policy import (
 from nanospec_server.adaptive.policy import Decision
 from nanospec_server.adaptive.registry import build_policy
 from nanospec_server.config import NanoSpecConfig
+from nanospec_server.sglang_plugin.spec import plain_step
+from nanospec_server.sglang_plugin.spec.catch_up import DraftCatchUp
 from nanospec_server.sglang_plugin.spec.step_context import current
+from nanospec_server.sglang_plugin.spec.verify_capture import LAST_VERIFY
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +111,8 @@ class AdaptiveState:
     policy: DepthPolicy | None = None
     skip_extend: bool = False  # at depth 0, the draft extend only before a drafting step
     worker: object | None = None  # the EAGLEWorkerV2 (its stub for a skipped extend)
+    plain_steps_enabled: bool = False  # depth 0 runs SGLang's plain decode step
+    catch_up: DraftCatchUp | None = None  # the draft's KV validity (skipped extends only)
     depth_in_force: int = 0
     last_decision: Decision | None = None
     pending: Decision | None = None  # the next step's depth, decided a step early
@@ -112,13 +122,17 @@ class AdaptiveState:
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     timed_steps: int = 0
     extends_skipped: int = 0  # depth-0 steps that ran without the draft extend
+    plain_steps: int = 0  # depth-0 steps that ran SGLang's plain decode path
+    depth_0_verifies: int = 0  # depth-0 steps that ran SGLang's verify (TARGET_VERIFY)
+    verify_reasons: Counter = field(default_factory=Counter)  # depth-0 steps kept on verify
     prefill_topks_skipped: int = 0  # prefills that went without NanoSpec's top-K_pre
+    draft_prefills_skipped: int = 0  # prefills that went without the draft's (caught up later)
 
     def record(self, batch_size: int, depth: int, seconds: float | None) -> None:
         self.steps_by_depth[depth] += 1
         self.steps_by_batch_size[batch_size] += 1
         reason = self.last_decision.reason if self.last_decision else None
-        entry = {"batch_size": batch_size, "depth": depth, "reason": reason}
+        entry = {"batch_size": batch_size, "depth": depth, "path": self.path, "reason": reason}
         entry["step_ms"] = round(1000 * seconds, 3) if seconds is not None else None
         self.recent.append(entry)
         if self.policy is not None:
@@ -139,7 +153,16 @@ class AdaptiveState:
             "candidate_depths": self.candidates,
             "depth_in_force": self.depth_in_force,
             "extends_skipped": self.extends_skipped,
+            "plain_depth_0": self.plain_steps_enabled,
+            "plain_steps": self.plain_steps,
+            "depth_0_verifies": self.depth_0_verifies,
+            "depth_0_on_verify_path": dict(self.verify_reasons),
+            "catch_up_tokens": self.catch_up.tokens_caught_up if self.catch_up else 0,
+            "catch_up_positions_left_stale": (
+                self.catch_up.positions_left_stale if self.catch_up else 0
+            ),
             "prefill_topks_skipped": self.prefill_topks_skipped,
+            "draft_prefills_skipped": self.draft_prefills_skipped,
             "steps_by_depth": {str(k): v for k, v in sorted(self.steps_by_depth.items())},
             "steps_by_batch_size": {str(k): v for k, v in sorted(self.steps_by_batch_size.items())},
             "recent_steps": list(self.recent),
@@ -177,6 +200,12 @@ def install(worker, config: NanoSpecConfig) -> None:
     candidates = candidate_depths(worker)
     policy = build_policy(config.adaptive_policy, candidates)
     state = AdaptiveState(policy.name, candidates, policy, config.adaptive_skip_extend, worker)
+    state.plain_steps_enabled = config.adaptive_plain and plain_step.serves(worker)
+    if state.skip_extend:
+        allocator = worker.token_to_kv_pool_allocator
+        num_slots = int(allocator.size) + 2 * int(allocator.page_size)
+        keeps_hidden = not worker.speculative_algorithm.is_standalone()
+        state.catch_up = DraftCatchUp(num_slots, worker.device, keeps_hidden)
     context.adaptive = state
     controller = AdaptiveController(worker, PolicyAdapter(policy, state))
     with draft_tp_context(worker._draft_worker.parallel_layout):  # as SGLang builds its own
@@ -232,7 +261,8 @@ def after_init_cuda_graphs(result, worker, *args, **kwargs):
 
 
 def timed_forward(original, worker, batch, *args, **kwargs):
-    """AROUND `forward_batch_generation`: a decode step's wall time, at the depth it ran."""
+    """AROUND `forward_batch_generation`: a decode step's wall time, at the depth it ran; a
+    depth-0 step our policy chose runs SGLang's plain decode path (`plain_step.py`)."""
     state = current().adaptive
     decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
     if state is None or not decode or batch.forward_mode.is_idle():
@@ -244,13 +274,74 @@ def timed_forward(original, worker, batch, *args, **kwargs):
     if timed and cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
-    result = original(worker, batch, *args, **kwargs)
+    verifies = LAST_VERIFY.verifies
+    result = _plain_depth_zero(worker, batch, state, kwargs.get("on_publish"))
+    if result is None:
+        result = original(worker, batch, *args, **kwargs)
     if timed and cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start if timed else None
     state.depth_in_force = worker.speculative_num_steps
+    if worker.speculative_num_steps == 0 and LAST_VERIFY.verifies != verifies:
+        state.depth_0_verifies += 1
     state.record(batch.seq_lens.shape[0], worker.speculative_num_steps, seconds)
     return result
+
+
+def _plain_depth_zero(worker, batch, state: AdaptiveState, on_publish):
+    """The step through SGLang's plain decode path if our policy runs it at depth 0 and no
+    request in it needs the verify path; None to run SGLang's speculative step."""
+    if state.policy is None or not state.plain_steps_enabled:
+        return None
+    size = batch.seq_lens.shape[0]
+    worker.activate_step_by_batch(size)  # this step's depth, decided once:
+    state.pending = state.last_decision  # SGLang's step asks the policy again
+    if worker.speculative_num_steps != 0:
+        return None
+    if reason := plain_step.verify_reason(batch):
+        state.verify_reasons[reason] += 1
+        return None
+    state.pending = None
+    state.path = PLAIN
+    state.plain_steps += 1
+    result = plain_step.run(worker, batch, LAST_VERIFY.k_ver)
+    if on_publish is not None:
+        on_publish(result.new_seq_lens)
+    catch_up = state.catch_up
+    if catch_up is not None:
+        catch_up.forget({req.rid for req in batch.reqs})
+        catch_up.missed(batch, batch.out_cache_loc, result.logits_output.hidden_states)
+    if state.skip_extend and not state.next_step_drafts(size):
+        worker._stub_skipped_draft_extend(batch, result)  # our AFTER hook feeds the window
+        state.extends_skipped += 1
+        return result
+    plan = catch_up.plan(worker, batch) if catch_up is not None else None
+    if plan is None or plan.nothing_missed:  # the ordinary one-token draft extend
+        with draft_tp_context(worker.draft_worker.parallel_layout):
+            worker.draft_worker._draft_extend_for_decode(batch, result)
+        return result
+    _catch_up(worker, batch, result, state, plan)
+    return result
+
+
+def _catch_up(worker, batch, result, state: AdaptiveState, plan) -> None:
+    """The draft runs over every position it missed before the next step drafts from it;
+    a request with more than a chunk to go keeps the batch at depth 0 for another step."""
+    draft = worker.draft_worker
+    runtime = draft.nanospec
+    runtime.on_verify(batch, result, 0, plain=True)  # the window takes the step's token
+    with (
+        draft_tp_context(draft.parallel_layout),
+        runtime.stats.timer.draft_phase(batch.req_pool_indices),
+    ):
+        draft_input, lengths = state.catch_up.run(worker, batch, plan, result.next_token_ids)
+    runtime.stats.record_catch_up(batch.req_pool_indices.to(torch.int64), lengths)
+    following = result.next_draft_input
+    following.topk_p, following.topk_index = draft_input.topk_p, draft_input.topk_index
+    following.hidden_states = draft_input.hidden_states
+    state.path = PLAIN_CATCH_UP
+    if not plan.done:
+        state.pending = Decision(0, "catch-up", {})
 
 
 def extend_skipped(batch, batch_output) -> bool:
@@ -258,6 +349,8 @@ def extend_skipped(batch, batch_output) -> bool:
     (SGLang's stub fills the draft input, `window_update_without_extend` the window)."""
     state = current().adaptive
     if state is None or not state.skip_extend or batch.forward_mode.is_idle():
+        return False
+    if state.path == PLAIN:  # the plain step decided already
         return False
     if state.worker.speculative_num_steps != 0:
         return False
@@ -287,11 +380,67 @@ def prefill_topk_skipped(batch) -> bool:
     return True
 
 
+def skipped_draft_prefill(draft, batch, next_token_ids):
+    """A prefill whose requests join a batch at depth 0 skips a STANDALONE draft's prefill
+    (a whole model's forward over every prompt token) when the draft can catch up from the
+    prompt's tokens later: its slots are noted as missed and the next decode step runs at
+    depth 0, catching up before any step drafts. Returns the draft input it leaves (zeros:
+    never drafted from), or None to run the prefill. An EAGLE draft's prefill (one layer)
+    runs: catching up on it would need the target's hidden states of the whole prompt."""
+    state = current().adaptive
+    catch_up = state.catch_up if state is not None else None
+    if catch_up is None or catch_up.keeps_hidden or not state.plain_steps_enabled:
+        return None
+    catch_up.missed(batch, batch.out_cache_loc, None)
+    state.pending = Decision(0, "catch-up", {})
+    state.draft_prefills_skipped += 1
+    size, topk = len(batch.reqs), draft.topk
+    device = next_token_ids.device
+    return EagleDraftInput(
+        topk_p=torch.zeros((size, topk), dtype=torch.float32, device=device),
+        topk_index=torch.zeros((size, topk), dtype=torch.int64, device=device),
+        bonus_tokens=next_token_ids,
+        num_tokens_per_req=1,
+        num_tokens_for_logprob_per_req=1,
+    )
+
+
+@contextmanager
+def widened_prefill(draft, batch) -> Iterator[bool]:
+    """`DraftCatchUp.widened_prefill` where the server catches up, else nothing (False)."""
+    state = current().adaptive
+    if state is None or state.catch_up is None:
+        yield False
+        return
+    with state.catch_up.widened_prefill(state.worker, batch) as widened:
+        yield widened
+
+
 def window_update_without_extend(result, worker, batch, batch_output, *args, **kwargs):
     """AFTER `_stub_skipped_draft_extend`: the depth-0 step's verified token and top-K_ver
-    enter NanoSpec's window, as the skipped draft extend would have had them enter."""
-    worker._draft_worker.nanospec.on_verify(batch, batch_output, 0)
+    enter NanoSpec's window, as the skipped draft extend would have had them enter; on the
+    verify path the step's KV slots are the draft's to catch up on (the plain step notes
+    its own)."""
+    plain = plain_step_running()
+    worker._draft_worker.nanospec.on_verify(batch, batch_output, 0, plain)
+    state = current().adaptive
+    if not plain and state is not None and state.catch_up is not None:
+        hidden = batch_output.logits_output.hidden_states
+        state.catch_up.missed(batch, batch.out_cache_loc, hidden)
     return result
+
+
+def draft_wrote(slots) -> None:
+    """The draft wrote its KV at these slots along with the target (prefill, extend)."""
+    state = current().adaptive
+    if state is not None and state.catch_up is not None and slots is not None:
+        state.catch_up.drafted(slots)
+
+
+def plain_step_running() -> bool:
+    """Whether the step running now is a depth-0 step on SGLang's plain decode path."""
+    state = current().adaptive
+    return state is not None and state.path == PLAIN
 
 
 def register_hooks() -> None:

@@ -71,16 +71,27 @@ class NanoSpecDraftMixin:
         self.padding_columns = columns
         self.hot_token_id = columns.clamp(min=0)
 
-    def _draft_extend_for_prefill(self, batch, target_hidden_states, *args, **kwargs):
+    def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids, *args, **kw):
         own, top = self.draft_kind.own_prefill_candidates(batch)
+        joins_depth_0 = False
         if own:
             self.nanospec.on_prefill(batch, None, top)
-        elif adaptive.prefill_topk_skipped(batch):
+        elif joins_depth_0 := adaptive.prefill_topk_skipped(batch):
             self.nanospec.on_prefill(batch, None)  # the prompt's tokens only
         else:
             self.nanospec.on_prefill(batch, target_hidden_states)
+        if joins_depth_0 and (stub := adaptive.skipped_draft_prefill(self, batch, next_token_ids)):
+            return stub  # the draft catches up on the prompt before it drafts
         target_hidden_states = self.draft_kind.draft_hidden_for_prefill(target_hidden_states)
-        return super()._draft_extend_for_prefill(batch, target_hidden_states, *args, **kwargs)
+        slots = batch.out_cache_loc
+        with adaptive.widened_prefill(self, batch) as widened:
+            if widened:  # the target's plan covers the prefill's own slots only
+                kw["kv_loc_plan"] = None
+            result = super()._draft_extend_for_prefill(
+                batch, target_hidden_states, next_token_ids, *args, **kw
+            )
+        adaptive.draft_wrote(slots)
+        return result
 
     def draft(self, batch, *args, **kwargs):
         with self.nanospec.stats.timer.draft_phase(batch.req_pool_indices):
@@ -90,9 +101,13 @@ class NanoSpecDraftMixin:
         if adaptive.extend_skipped(batch, batch_result):
             return None  # a depth-0 step before another: SGLang's stub, our window update
         # the depth in force now: adaptive speculation switches it between steps
-        self.nanospec.on_verify(batch, batch_result, self.speculative_num_steps)
+        plain = adaptive.plain_step_running()
+        self.nanospec.on_verify(batch, batch_result, self.speculative_num_steps, plain)
+        slots = batch.out_cache_loc
         with self.nanospec.stats.timer.draft_phase(batch.req_pool_indices):
-            return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
+            result = super()._draft_extend_for_decode(batch, batch_result, **kwargs)
+        adaptive.draft_wrote(slots)
+        return result
 
 
 class NanoSpecEagleDraftWorker(NanoSpecDraftMixin, EagleDraftWorker):

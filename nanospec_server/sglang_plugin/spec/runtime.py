@@ -198,8 +198,9 @@ class NanoSpecRuntime:
 
     # -- verify -------------------------------------------------------------------------
 
-    def on_verify(self, batch, batch_result, depth: int) -> None:
-        """After a verify of ``depth`` draft steps (0: a plain decode, adaptive speculation)."""
+    def on_verify(self, batch, batch_result, depth: int, plain: bool = False) -> None:
+        """After a verify of ``depth`` draft steps (0: a plain decode, adaptive speculation;
+        ``plain``: one that ran SGLang's plain decode path, not a verify)."""
         candidates = LAST_VERIFY.take()
         self.release_ended()
         if not batch.reqs:
@@ -215,24 +216,42 @@ class NanoSpecRuntime:
             vocab_size = len(self.draft_head_vocab)  # padding past accept_lens may be any id
             in_head = in_head & self.draft_head_vocab[emitted.clamp(0, vocab_size - 1)]
         active = self._active_size(slots)
-        self.stats.record_verify(pool_slots, accept_lens, covered, active, in_head.sum(1), depth)
+        self.stats.record_verify(
+            pool_slots, accept_lens, covered, active, in_head.sum(1), depth, plain
+        )
+        rids = [req.rid for req in batch.reqs]
         if candidates is not None and self._appends_while_decoding():
-            self._append_step(slots, candidates, [req.rid for req in batch.reqs])
+            self._append_step(slots, candidates, rids, batch.seq_lens)
             self.vocab.refresh(slots)
+        elif candidates is not None and self.vocab is None and self.recorder is not None:
+            self._append_step(slots, candidates, rids, batch.seq_lens)  # recorded only
 
-    def _append_step(self, slots: Tensor, candidates: VerifyCandidates, rids: list[str]) -> None:
+    def _append_step(
+        self, slots: Tensor, candidates: VerifyCandidates, rids: list[str], roots: Tensor
+    ) -> None:
         # Order within a step (it decides eviction): the draft tree, root first, then the
         # verify top-K_ver position by position, rank by rank. Later entries live longer.
         top = candidates.top_tokens.flatten(1)
         tokens = torch.cat([candidates.tree_tokens.to(torch.int64), top], dim=1)
         tree_valid = torch.ones_like(candidates.tree_tokens, dtype=torch.bool)
         valid = torch.cat([tree_valid, candidates.top_valid.flatten(1)], dim=1)
-        self._append(slots, tokens, valid, rids, "step")
+        self._append(slots, tokens, valid, rids, "step", roots, candidates.tree_tokens.shape[1])
 
-    def _append(self, slots: Tensor, tokens: Tensor, valid: Tensor, rids: list[str], kind: str):
-        self.vocab.append(slots, tokens, valid)
+    def _append(
+        self,
+        slots: Tensor,
+        tokens: Tensor,
+        valid: Tensor,
+        rids: list[str],
+        kind: str,
+        roots: Tensor | None = None,
+        tree_size: int | None = None,
+    ) -> None:
+        if self.vocab is not None:  # without one (full, static) the step is only recorded
+            self.vocab.append(slots, tokens, valid)
         if self.recorder is not None:
-            self.recorder.record(rids, kind, tokens, valid)
+            positions = roots.tolist() if roots is not None else None
+            self.recorder.record(rids, kind, tokens, valid, positions, tree_size)
 
     def _appends_while_decoding(self) -> bool:
         return self.vocab is not None and self.mode != Mode.CTX_ONLY

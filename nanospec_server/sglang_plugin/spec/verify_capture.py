@@ -26,6 +26,7 @@ class VerifyCapture:
     def __init__(self) -> None:
         self.k_ver = 0
         self.last: VerifyCandidates | None = None
+        self.verifies = 0  # SGLang verify samplings run (adaptive speculation reads it)
 
     def take(self) -> VerifyCandidates | None:
         last, self.last = self.last, None
@@ -37,6 +38,7 @@ LAST_VERIFY = VerifyCapture()
 
 def eagle_sample_hook(original: Callable, verify_input, batch, logits_output, *args, **kwargs):
     batch_size = len(batch.reqs) if batch is not None and batch.reqs is not None else 0
+    LAST_VERIFY.verifies += 1
     k = LAST_VERIFY.k_ver
     logits = logits_output.next_token_logits
     top = None

@@ -31,7 +31,10 @@ from nanospec_server.sglang_plugin.stats.step_timer import StepTimer
 STEPS, ACCEPTED, EMITTED, COVERED, ACTIVE_SUM, ACTIVE_MAX, ROWS_SUM, HEAD_CALLS = range(8)
 COVERED_BY_HEAD = 8
 DRAFTED = 9  # the depth each step ran at, summed (adaptive speculation changes it)
-NUM_COUNTERS = 10
+# Depth-0 steps that ran SGLang's plain decode path (each emitted one token and drafted
+# none; not draft steps), and tokens the draft caught up on after a run of them.
+PLAIN_STEPS, CATCH_UP = 10, 11
+NUM_COUNTERS = 12
 
 
 def is_health_check(rid: object) -> bool:
@@ -78,6 +81,8 @@ class Totals:
     prompt_tokens: int = 0
     output_tokens: int = 0
     draft_steps: int = 0
+    plain_steps: int = 0
+    catch_up_tokens: int = 0
     emitted_tokens: int = 0
     covered_tokens: int = 0
     covered_by_head_tokens: int = 0
@@ -93,6 +98,8 @@ class Totals:
         self.prompt_tokens += entry["prompt_tokens"]
         self.output_tokens += entry["output_tokens"]
         self.draft_steps += entry["draft_steps"]
+        self.plain_steps += entry["plain_steps"]
+        self.catch_up_tokens += entry["catch_up_tokens"]
         self.emitted_tokens += entry["emitted_tokens"]
         self.covered_tokens += entry["covered_tokens"]
         self.covered_by_head_tokens += entry["covered_by_head_tokens"]
@@ -125,20 +132,27 @@ class RequestStats:
         active_size: Tensor,
         covered_by_head: Tensor,
         depth: int,
+        plain: bool = False,
     ) -> None:
         """One speculative step at this draft depth: tokens emitted (accepted + bonus), how
-        many were in I (of the draft head: I ∩ D), and how many in the head's vocabulary D."""
+        many were in I (of the draft head: I ∩ D), and how many in the head's vocabulary D.
+        ``plain``: a depth-0 step on the plain decode path, counted apart from draft steps."""
         delta = torch.zeros(len(slots), NUM_COUNTERS, dtype=torch.int64, device=slots.device)
-        delta[:, STEPS] = 1
+        delta[:, PLAIN_STEPS if plain else STEPS] = 1
         delta[:, ACCEPTED] = accept_lens - 1  # draft tokens the target accepted
         delta[:, EMITTED] = accept_lens
         delta[:, COVERED] = covered
-        delta[:, ACTIVE_SUM] = active_size
+        if not plain:  # the active vocabulary's mean is per draft step
+            delta[:, ACTIVE_SUM] = active_size
         delta[:, COVERED_BY_HEAD] = covered_by_head
         delta[:, DRAFTED] = depth
         self.counters.index_add_(0, slots, delta)
         maxed = torch.maximum(self.counters[slots, ACTIVE_MAX], active_size)
         self.counters[slots, ACTIVE_MAX] = maxed
+
+    def record_catch_up(self, slots: Tensor, tokens: Tensor) -> None:
+        """Tokens the draft ran over to catch up on these requests' depth-0 steps."""
+        self.counters[slots, CATCH_UP] += tokens.to(torch.int64)
 
     def record_head(self, slots: Tensor, rows: int | Tensor) -> None:
         """One draft LM-head call over `rows` rows for each of these requests."""
@@ -214,6 +228,7 @@ class RequestStats:
 
 def _to_dict(row: list[int], active_now: int, stream_len: int, vocab_size: int) -> dict:
     steps, calls = row[STEPS], row[HEAD_CALLS]
+    drafting_emitted = row[EMITTED] - row[PLAIN_STEPS]  # a plain step emits one token
     return {
         "active_vocab_size": active_now,
         "active_vocab_mean": row[ACTIVE_SUM] / steps if steps else float(active_now),
@@ -222,8 +237,10 @@ def _to_dict(row: list[int], active_now: int, stream_len: int, vocab_size: int) 
         "coverage": row[COVERED] / row[EMITTED] if row[EMITTED] else None,
         # Coverage by the draft head's vocabulary D, the ceiling of the one above.
         "head_vocab_coverage": row[COVERED_BY_HEAD] / row[EMITTED] if row[EMITTED] else None,
-        "accept_length_mean": row[EMITTED] / steps if steps else None,
+        "accept_length_mean": drafting_emitted / steps if steps else None,
         "draft_steps": steps,
+        "plain_steps": row[PLAIN_STEPS],
+        "catch_up_tokens": row[CATCH_UP],
         "accepted_draft_tokens": row[ACCEPTED],
         "drafted_tokens": row[DRAFTED],
         "lm_head_rows_mean": row[ROWS_SUM] / calls if calls else None,

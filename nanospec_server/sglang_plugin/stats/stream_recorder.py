@@ -2,7 +2,8 @@
 
 Off unless ``NANOSPEC_RECORD_STREAMS`` names a file. Each append to the vocabulary becomes
 one JSON line ``{"rid", "kind": "prefill"|"step", "tokens": [...]}`` (valid tokens only,
-in stream order). It reads the tokens to the host once per append: a benchmark tool, not
+in stream order; a step's line also has the ``position`` of its draft tree's root and
+its ``tree_size``, the draft tree's tokens that lead the line). It reads the tokens to the host once per append: a benchmark tool, not
 for serving.
 """
 
@@ -25,10 +26,25 @@ class StreamRecorder:
         path = record_streams()
         return cls(Path(path)) if path else None
 
-    def record(self, rids: list[str], kind: str, tokens: Tensor, valid: Tensor | None) -> None:
+    def record(
+        self,
+        rids: list[str],
+        kind: str,
+        tokens: Tensor,
+        valid: Tensor | None,
+        positions: list[int] | None = None,
+        tree_size: int | None = None,
+    ) -> None:
+        """``positions``: where each request's step started (its draft tree's root);
+        ``tree_size``: how many of the step's tokens are its draft tree (1: no draft)."""
         rows = tokens.tolist()
         masks = valid.tolist() if valid is not None else [[True] * len(r) for r in rows]
         with self.path.open("a") as out:
-            for rid, row, mask in zip(rids, rows, masks, strict=True):
+            for i, (rid, row, mask) in enumerate(zip(rids, rows, masks, strict=True)):
                 kept = [t for t, keep in zip(row, mask, strict=True) if keep]
-                out.write(json.dumps({"rid": rid, "kind": kind, "tokens": kept}) + "\n")
+                line = {"rid": rid, "kind": kind, "tokens": kept}
+                if positions is not None:
+                    line["position"] = positions[i]
+                if tree_size is not None:
+                    line["tree_size"] = tree_size
+                out.write(json.dumps(line) + "\n")

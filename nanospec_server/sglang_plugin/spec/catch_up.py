@@ -1,0 +1,250 @@
+"""The draft catches up lazily on the tokens it missed at depth 0.
+
+A plain depth-0 step (`plain_step.py`) writes the target's KV and not the draft's: running
+the draft extend on every such step would cost a draft forward per token that nobody
+drafts from. Instead the draft's KV is tracked per KV slot (`valid`: set where the draft
+wrote the slot along with the target, cleared where the target wrote it alone), and before
+a step that drafts again, each request runs one batched draft extend over its positions
+from the first whose draft KV is not valid to the step's token: the draft's prefill path,
+fed the same tokens (and, for EAGLE and EAGLE-3, the target hidden states kept for those
+positions) that the per-step extends would have fed it, so its KV and its next input are
+what an exact per-step extend leaves (`--nanospec-adaptive-keep-extend`, the reference).
+
+Slots are checked, not requests: a prefix the radix cache hands a new request may hold
+positions another request decoded at depth 0, and they are caught up like its own.
+
+Bounds: at most ``chunk`` positions per request per step (a request with more stays at
+depth 0, one chunk per step, until it is caught up), and at most ``cap`` kept hidden
+states per request (EAGLE: older positions can no longer be caught up and keep the stale
+draft KV: lossless still, the target verifies every draft token, only fewer accepted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+from torch import Tensor
+
+CAP = 1024  # hidden states kept per request (EAGLE kinds)
+CHUNK = 256  # positions a request catches up on per step
+
+# The ScheduleBatch fields a widened prefill changes; put back after it.
+_WIDENED = ("input_ids", "out_cache_loc", "prefix_lens", "extend_lens", "extend_num_tokens",
+            "extend_logprob_start_lens")  # fmt: skip
+# The ScheduleBatch fields the catch-up extend changes; put back after it.
+_CHANGED = (
+    "forward_mode", "input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "seq_lens_sum",
+    "orig_seq_lens", "prefix_lens", "extend_lens", "extend_num_tokens",
+    "extend_logprob_start_lens", "return_logprob", "spec_info", "chunked_req_next_prompt_token",
+)  # fmt: skip
+
+
+@dataclass
+class KeptHidden:
+    """The target hidden states of one request's positions ``first`` .. ``first + len - 1``."""
+
+    first: int
+    rows: list[Tensor] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """Per request of the batch, the positions to run the draft over, ``start`` .. ``stop``,
+    and its step's token's position ``end`` (``stop`` < ``end``: more chunks to go)."""
+
+    start: list[int]
+    stop: list[int]
+    end: list[int]
+
+    @property
+    def done(self) -> bool:
+        return self.stop == self.end
+
+    @property
+    def nothing_missed(self) -> bool:
+        """Only the step's own token: the ordinary one-token draft extend does it."""
+        return self.start == self.end
+
+
+class DraftCatchUp:
+    """Per-KV-slot draft validity, kept hidden states, and the catch-up extend."""
+
+    def __init__(
+        self, num_slots: int, device, keeps_hidden: bool, cap: int = CAP, chunk: int = CHUNK
+    ) -> None:
+        self.valid = torch.zeros(num_slots, dtype=torch.bool, device=device)
+        self.keeps_hidden = keeps_hidden
+        self.cap, self.chunk = cap, chunk
+        self.kept: dict[str, KeptHidden] = {}
+        self.tokens_caught_up = 0
+        self.positions_left_stale = 0  # EAGLE: missed positions whose hidden state was gone
+
+    # -- validity ------------------------------------------------------------------------
+
+    def drafted(self, slots: Tensor) -> None:
+        """The draft wrote these KV slots along with the target."""
+        self.valid[slots.to(torch.int64)] = True
+
+    def missed(self, batch, slots: Tensor, hidden: Tensor | None) -> None:
+        """The target alone wrote these slots (a depth-0 step), one per request of the batch,
+        at its position ``seq_lens``; ``hidden``: the target's hidden state there."""
+        self.valid[slots.to(torch.int64)] = False
+        if not self.keeps_hidden or hidden is None:
+            return
+        positions = batch.seq_lens.tolist()
+        for req, position, row in zip(batch.reqs, positions, hidden, strict=True):
+            kept = self.kept.get(req.rid)
+            if kept is None or kept.first + len(kept.rows) != position:
+                kept = self.kept[req.rid] = KeptHidden(position)  # a new run of misses
+            kept.rows.append(row.clone())
+            if len(kept.rows) > self.cap:
+                kept.rows.pop(0)
+                kept.first += 1
+
+    def forget(self, live_rids: set[str]) -> None:
+        """Drop the hidden states of requests no longer running."""
+        for rid in [rid for rid in self.kept if rid not in live_rids]:
+            del self.kept[rid]
+
+    # -- prefills ------------------------------------------------------------------------
+
+    @contextmanager
+    def widened_prefill(self, worker, batch) -> Iterator[bool]:
+        """A prefill whose prefix (the radix cache's) holds positions the draft missed runs
+        its draft extend from the first of them, for drafts that need only tokens
+        (STANDALONE); an EAGLE draft would need the target's hidden states there, gone with
+        the request that decoded them: those positions are counted as left stale."""
+        prefix_lens = list(batch.prefix_lens)
+        first = self._first_stale(worker, batch.req_pool_indices, prefix_lens)
+        if all(start == prefix for start, prefix in zip(first, prefix_lens, strict=True)):
+            yield False
+            return
+        if self.keeps_hidden:
+            self.positions_left_stale += sum(p - s for s, p in zip(first, prefix_lens, strict=True))
+            yield False
+            return
+        req_to_token = worker.req_to_token_pool.req_to_token
+        device = batch.input_ids.device
+        tokens, slots, added, offset = [], [], [], 0
+        rows = batch.req_pool_indices.tolist()
+        for req, row, start, prefix, length in zip(
+            batch.reqs, rows, first, prefix_lens, batch.extend_lens, strict=True
+        ):
+            sequence = req.origin_input_ids + req.output_ids
+            tokens += [
+                torch.tensor(sequence[start:prefix], device=device),
+                batch.input_ids[offset : offset + length],
+            ]
+            slots += [
+                req_to_token[row, start:prefix].to(batch.out_cache_loc.dtype),
+                batch.out_cache_loc[offset : offset + length],
+            ]
+            added.append(prefix - start)
+            offset += length
+        saved = {name: getattr(batch, name) for name in _WIDENED}
+        try:
+            batch.input_ids = torch.cat(tokens).to(saved["input_ids"].dtype)
+            batch.out_cache_loc = torch.cat(slots)
+            batch.prefix_lens = first
+            batch.extend_lens = [n + a for n, a in zip(saved["extend_lens"], added, strict=True)]
+            batch.extend_num_tokens = sum(batch.extend_lens)
+            batch.extend_logprob_start_lens = list(batch.extend_lens)
+            yield True
+        finally:
+            for name, value in saved.items():
+                setattr(batch, name, value)
+        self.drafted(torch.cat(slots[0::2]))
+        self.tokens_caught_up += sum(added)
+
+    def _first_stale(self, worker, pool_rows: Tensor, ends: list[int]) -> list[int]:
+        """Per request, its first position below ``ends`` whose draft KV is not valid (its
+        ``ends`` entry if none)."""
+        width = max(ends) if ends else 0
+        if width == 0:
+            return list(ends)
+        req_to_token = worker.req_to_token_pool.req_to_token
+        rows = pool_rows.to(torch.int64)
+        limits = torch.tensor(ends, device=rows.device)
+        columns = torch.arange(width, device=rows.device)
+        stale = ~self.valid[req_to_token[rows][:, :width].to(torch.int64)]
+        stale &= columns[None, :] < limits[:, None]
+        return torch.where(stale.any(1), stale.int().argmax(1), limits).tolist()
+
+    # -- planning ------------------------------------------------------------------------
+
+    def plan(self, worker, batch) -> Plan:
+        """Each request's first position whose draft KV is not valid, up to its step's
+        token (position ``seq_lens``), at most ``chunk`` of them."""
+        ends = batch.seq_lens.tolist()
+        first = self._first_stale(worker, batch.req_pool_indices, [end + 1 for end in ends])
+        starts, stops = [], []
+        for req, start, end in zip(batch.reqs, first, ends, strict=True):
+            if self.keeps_hidden:  # positions without a kept hidden state stay stale
+                kept = self.kept.get(req.rid)
+                reachable = kept.first if kept is not None else end
+                if start < reachable:
+                    self.positions_left_stale += reachable - start
+                    start = reachable
+            start = min(start, end)
+            starts.append(start)
+            stops.append(min(end, start + self.chunk - 1))
+        return Plan(starts, stops, ends)
+
+    # -- the extend ----------------------------------------------------------------------
+
+    def run(self, worker, batch, plan: Plan, next_ids: Tensor):
+        """One draft extend over each request's planned positions (the draft's prefill
+        path); returns its next draft input (meaningful where the plan reached the step's
+        token). The draft's KV at every planned position becomes valid."""
+        draft = worker.draft_worker
+        req_to_token = worker.req_to_token_pool.req_to_token
+        device = batch.seq_lens.device
+        tokens, slots, hidden, lengths, tails = [], [], [], [], []
+        pool_rows = batch.req_pool_indices.tolist()
+        new_ids = next_ids.tolist()
+        spans = zip(batch.reqs, pool_rows, plan.start, plan.stop, plan.end, strict=True)
+        for i, (req, row, start, stop, end) in enumerate(spans):
+            sequence = req.origin_input_ids + req.output_ids  # positions 0 .. end
+            tokens.append(torch.tensor(sequence[start : stop + 1], device=device))
+            slots.append(req_to_token[row, start : stop + 1].to(torch.int64))
+            lengths.append(stop - start + 1)
+            # the token after the last planned position: the step's new one, or the next
+            # of the request's own sequence when more chunks are to go
+            tails.append(new_ids[i] if stop == end else sequence[stop + 1])
+            if self.keeps_hidden:
+                kept = self.kept[req.rid]
+                hidden.extend(kept.rows[start - kept.first : stop - kept.first + 1])
+                del kept.rows[: stop + 1 - kept.first]  # caught up: no longer needed
+                kept.first = stop + 1
+        saved = {name: getattr(batch, name) for name in _CHANGED}
+        try:
+            batch.forward_mode = ForwardMode.EXTEND
+            batch.input_ids = torch.cat(tokens)
+            batch.out_cache_loc = torch.cat(slots)
+            batch.prefix_lens = list(plan.start)
+            batch.extend_lens = lengths
+            batch.extend_num_tokens = sum(lengths)
+            batch.extend_logprob_start_lens = list(lengths)
+            ends = [start + n for start, n in zip(plan.start, lengths, strict=True)]
+            batch.seq_lens = torch.tensor(ends, dtype=saved["seq_lens"].dtype, device=device)
+            batch.seq_lens_cpu = batch.seq_lens.cpu()
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            batch.orig_seq_lens = batch.seq_lens
+            batch.return_logprob = False
+            batch.chunked_req_next_prompt_token = None
+            states = torch.stack(hidden) if hidden else None
+            states = draft.draft_kind.draft_hidden_for_prefill(states)
+            tail = torch.tensor(tails, dtype=torch.int64, device=device)
+            # SGLang's own prefill extend, not our worker's (no prefill candidates to add)
+            draft_input = EagleDraftWorker._draft_extend_for_prefill(draft, batch, states, tail)
+        finally:
+            for name, value in saved.items():
+                setattr(batch, name, value)
+        self.drafted(torch.cat(slots))
+        self.tokens_caught_up += sum(lengths)
+        return draft_input, torch.tensor(lengths, dtype=torch.int64, device=device)
