@@ -72,11 +72,14 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         "pair on a CPU: 2048, measured fastest there)",
     )  # fmt: skip
     nanospec.add_argument(
-        "--nanospec-adaptive", action="store_true",
+        "--nanospec-adaptive", action=argparse.BooleanOptionalAction, default=None,
         help="adaptive speculation for every draft kind: each step drafts 0 to "
         "--speculative-num-steps tokens (a tree: all or none), whichever maximises the "
-        "expected tokens per second under a cost model timed on this host; switch it "
-        "live with POST /nanospec/settings {\"adaptive\": false}",
+        "expected tokens per second under a cost model timed on this host, depth 0 being "
+        "a plain decode step; switch it live with POST /nanospec/settings "
+        "{\"adaptive\": false}. Default: on for a speculative server on a CPU (falling "
+        "back to the fixed depth, with a log line, where it cannot run), off on CUDA; "
+        "--no-nanospec-adaptive drafts the launch's depth every step",
     )  # fmt: skip
     nanospec.add_argument(
         "--nanospec-adaptive-keep-extend", action="store_true",
@@ -148,6 +151,7 @@ def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             union_capacity=args.nanospec_union_capacity,
             prior_k=args.nanospec_prior_k,
             adaptive=args.nanospec_adaptive,
+            adaptive_by_default=args.adaptive_by_default,
             adaptive_skip_extend=not args.nanospec_adaptive_keep_extend,
             adaptive_plain=not args.nanospec_adaptive_verify_depth_0,
             adaptive_policy=args.nanospec_adaptive_policy or DEFAULT_POLICY,
@@ -232,9 +236,25 @@ def _default_prior_k(args: argparse.Namespace, sglang_argv: list[str]) -> int:
     return defaults.DEFAULT_CPU_PRIOR_K if embedded and not host.has_cuda() else 0
 
 
+def _resolve_adaptive(args: argparse.Namespace, sglang_argv: list[str]) -> None:
+    """Adaptive speculation unless asked otherwise: on a CPU, for a speculative server
+    (the embedded defaults are), without SGLang's own policy (`--speculative-adaptive`)."""
+    args.adaptive_by_default = args.nanospec_adaptive is None
+    if not args.adaptive_by_default:
+        return
+    speculative = _flag_value(sglang_argv, "--model-path") is None or (
+        _flag_value(sglang_argv, "--speculative-algorithm") is not None
+    )
+    sglang_policy = "--speculative-adaptive" in sglang_argv
+    args.nanospec_adaptive = speculative and not host.has_cuda() and not sglang_policy
+    if speculative and sglang_policy:
+        print("nanospec: --speculative-adaptive: SGLang's policy chooses the depth; ours is off")
+
+
 def serve(args: argparse.Namespace, sglang_argv: list[str], parser: argparse.ArgumentParser) -> int:
     if args.nanospec_prior_k is None:
         args.nanospec_prior_k = _default_prior_k(args, sglang_argv)
+    _resolve_adaptive(args, sglang_argv)
     config = _config_from(args, parser)
     _check_flags(config, sglang_argv, parser)
     _check_extend_flags(args, parser)

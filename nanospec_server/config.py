@@ -60,6 +60,12 @@ class NanoSpecConfig(BaseModel):
     # Adaptive speculation (sglang_plugin/spec/adaptive.py): each step's draft depth, 0 to the
     # launch's, from the batch size, the measured acceptance and a per-host cost model.
     adaptive: bool = Field(False, description="choose each step's draft depth (goodput)")
+    # On because it is the default (not asked for): where the server cannot run it (attention
+    # DP, two-batch overlap, ...), it drafts at the fixed depth with a log line instead of
+    # refusing to start.
+    adaptive_by_default: bool = Field(
+        False, description="adaptive speculation is on by default, not asked for (start-time)"
+    )
     # Which depth policy chooses (adaptive/registry.py): "goodput" or "fixed".
     adaptive_policy: str = Field("goodput", description="the depth policy, by registry name")
     # Pins every step's depth to one of the candidates (-1: the policy chooses): for

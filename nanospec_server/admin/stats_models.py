@@ -32,7 +32,9 @@ class RequestEntry(BaseModel):
     active_vocab_size: int = Field(description="active vocabulary now (at finish if finished)")
     active_vocab_mean: float
     active_vocab_max: int
-    coverage: float | None = Field(description="emitted tokens that were in the active set")
+    coverage: float | None = Field(
+        description="tokens emitted by draft steps that were in the active set"
+    )
     head_vocab_coverage: float | None = Field(
         None,
         description="emitted tokens in the draft head's own vocabulary (an EAGLE-3 head's "
@@ -134,7 +136,8 @@ class Aggregates(BaseModel):
     @classmethod
     def from_sums(cls, **sums: int) -> Aggregates:
         """Every figure from the raw sums (`SUMMED_FIELDS`): the one place means are derived."""
-        steps, emitted = sums["draft_steps"], sums["emitted_tokens"]
+        steps = sums["draft_steps"]
+        emitted = sums["emitted_tokens"] - sums["plain_steps"]  # by draft steps
         computed, full = sums["lm_head_rows_computed"], sums["lm_head_rows_full_vocab"]
         return cls(
             **sums,
@@ -143,7 +146,7 @@ class Aggregates(BaseModel):
             head_vocab_coverage_mean=(
                 sums["covered_by_head_tokens"] / emitted if emitted else None
             ),
-            accept_length_mean=(emitted - sums["plain_steps"]) / steps if steps else None,
+            accept_length_mean=emitted / steps if steps else None,
             lm_head_rows_saved_fraction=1 - computed / full if full else None,
         )
 

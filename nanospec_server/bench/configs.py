@@ -99,6 +99,9 @@ def d2t_size(head_dir: Path) -> int | None:
     return None
 
 
+FIXED_DEPTH = "--no-nanospec-adaptive"
+
+
 def build_configs(
     drafts: list[Draft],
     modes: list[str],
@@ -116,6 +119,7 @@ def build_configs(
     configs = [BenchConfig(AR)]
     for draft in drafts:
         spec = speculative_flags(draft.algorithm, draft.path, draft.steps, draft.topk, draft.tokens)
+        spec.append(FIXED_DEPTH)  # the launch's depth every step (adaptive: the CPU default)
         for mode in modes:
             if mode == "static" and draft.algorithm == "EAGLE3":
                 size = d2t_size(draft.path)
@@ -151,9 +155,10 @@ def build_configs(
 
 
 def adaptive_twin(config: BenchConfig) -> BenchConfig:
+    flags = tuple(flag for flag in config.flags if flag != FIXED_DEPTH)
     return BenchConfig(
         f"{config.name}-adaptive", config.draft, config.mode, w_max=config.w_max,
-        prior_k=config.prior_k, adaptive=True, flags=(*config.flags, "--nanospec-adaptive"),
+        prior_k=config.prior_k, adaptive=True, flags=(*flags, "--nanospec-adaptive"),
     )  # fmt: skip
 
 

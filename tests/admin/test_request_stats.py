@@ -117,3 +117,19 @@ def test_health_checks_never_enter_the_statistics(monkeypatch) -> None:
     assert list(stats.finished) == ["user-HEALTH_CHECK"]
     assert (stats.totals.requests, stats.totals.prompt_tokens) == (1, 2)
     assert [entry["rid"] for entry in observed] == ["user-HEALTH_CHECK"]
+
+
+def test_plain_steps_and_catch_up_are_counted_apart_from_draft_steps() -> None:
+    """A depth-0 step on the plain decode path emits one token and drafts nothing: the
+    means per draft step (acceptance length, coverage, active vocabulary) leave it out."""
+    stats = RequestStats(num_slots=2, vocab_size=100, device=torch.device("cpu"))
+    slot = torch.tensor([1])
+    stats.record_verify(slot, torch.tensor([3]), torch.tensor([2]), torch.tensor([40]),
+                        torch.tensor([3]), depth=3)  # fmt: skip
+    for _ in range(5):
+        stats.record_plain(slot)
+    stats.record_catch_up(slot, torch.tensor([5]))
+    entry = stats.snapshot([1], [40], [9])[0]
+    assert (entry["draft_steps"], entry["plain_steps"], entry["emitted_tokens"]) == (1, 5, 8)
+    assert entry["accept_length_mean"] == 3.0 and entry["coverage"] == 2 / 3
+    assert entry["active_vocab_mean"] == 40.0 and entry["catch_up_tokens"] == 5

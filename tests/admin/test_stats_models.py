@@ -21,6 +21,7 @@ def entry(rid: str, state: str, steps: int, emitted: int, covered: int, finished
         "lm_head_calls": steps, "lm_head_rows_mean": 40.0, "started_at": 1.0,
         "finished_at": finished_at, "emitted_tokens": emitted, "covered_tokens": covered,
         "covered_by_head_tokens": emitted, "active_vocab_sum": 30 * steps, "lm_head_rows": 40 * steps,
+        "plain_steps": 0, "catch_up_tokens": 0,
     }  # fmt: skip
 
 

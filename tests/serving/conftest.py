@@ -18,7 +18,9 @@ ADMIN_KEY = "test-admin-key"  # live settings changes need SGLang's --admin-api-
 # Shared flags: small KV pool (the tiny models need little), fp32 so that the random
 # target has no bf16 near-ties that a different batch shape could flip.
 BASE_FLAGS = ["--max-total-tokens", "8192", "--mem-fraction-static", "0.3", "--dtype", "float32"]
-BASE_FLAGS += ["--admin-api-key", ADMIN_KEY]
+# Speculative servers draft at the launch's fixed depth unless a test turns adaptive
+# speculation (the CPU default) on: most tests check what the fixed depth does.
+BASE_FLAGS += ["--admin-api-key", ADMIN_KEY, "--no-nanospec-adaptive"]
 
 
 def make_prompts(count: int, seed: int, max_len: int = 200) -> list[list[int]]:

@@ -92,14 +92,34 @@ def draft_trees(path: Path) -> tuple[dict[tuple[str, int], list[int]], set]:
     return trees, after_depth_0
 
 
+def run_radix_requests(url: str, rid_prefix: str) -> list:
+    """A request decoded at depth 0 throughout, then one whose prompt is that request's
+    prompt and answer and a few more tokens, drafting from its first step: its prefix
+    comes from the radix cache, with draft KV the lazy server never wrote."""
+    pin(url, 0)
+    first = generate_with_rid(url, PROMPTS[1], 40, f"{rid_prefix}-a")
+    pin(url, DEPTH)
+    prompt = PROMPTS[1] + first["output_ids"] + PROMPTS[2][1:9]
+    second = generate_with_rid(url, prompt, 30, f"{rid_prefix}-b")
+    return [first["output_ids"], second["output_ids"], second["meta_info"]["cached_tokens"]]
+
+
+def generate_with_rid(url: str, input_ids: list[int], max_new: int, rid: str) -> dict:
+    params = {"temperature": 0.0, "max_new_tokens": max_new}
+    body = {"input_ids": input_ids, "sampling_params": params, "rid": rid}
+    reply = requests.post(f"{url}/generate", json=body, timeout=600)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
 @pytest.fixture(scope="module")
-def recorded(serve, tmp_path_factory) -> Callable[[str, list[str]], tuple]:
-    def run(kind: str, extra: list[str]) -> tuple:
+def recorded(serve, tmp_path_factory) -> Callable[..., tuple]:
+    def run(kind: str, extra: list[str], drive: Callable = run_requests) -> tuple:
         path = Path(tmp_path_factory.mktemp("stream")) / "stream.jsonl"
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("NANOSPEC_RECORD_STREAMS", str(path))
             with serve("tiny-target", KINDS[kind] + FLAGS + extra) as url:
-                outputs = run_requests(url, "r")
+                outputs = drive(url, "r")
                 stats = adaptive_stats(url)
                 per_request = requests.get(f"{url}/stats/vocab", timeout=60).json()["requests"]
         return outputs, stats, per_request, *draft_trees(path)
@@ -120,5 +140,24 @@ def test_catch_up_drafts_what_an_extend_on_every_step_drafts(recorded, kind: str
     assert len(shared & after_run) >= 5, (len(shared), len(after_run))
     assert stats["catch_up_tokens"] > 0 and stats["catch_up_positions_left_stale"] == 0, stats
     assert ref_stats["catch_up_tokens"] == 0, ref_stats
+    if kind.startswith("standalone"):  # the prompts arrived at depth 0: prefilled lazily too
+        assert stats["draft_prefills_skipped"] > 0, stats
     caught = sum(entry.get("catch_up_tokens", 0) for entry in per_request)
     assert caught == stats["catch_up_tokens"], (caught, stats["catch_up_tokens"])
+
+
+def test_a_radix_prefix_decoded_at_depth_0_is_caught_up_not_drafted_over(recorded) -> None:
+    """Draft validity is per KV slot: a prefix from the radix cache that holds positions
+    decoded at depth 0 (and a prompt prefilled without the draft) is run through the draft
+    with the prefill that reuses it, so the request drafts from its first step as over an
+    exact cache."""
+    outputs, stats, _, trees, _ = recorded("standalone-chain", [], run_radix_requests)
+    ref_outputs, _, _, ref_trees, _ = recorded(
+        "standalone-chain", ["--nanospec-adaptive-keep-extend"], run_radix_requests
+    )
+    assert outputs[:2] == ref_outputs[:2]
+    assert outputs[2] > len(PROMPTS[1])  # the second request reused the first's answer
+    second = {key: tree for key, tree in trees.items() if key[0] == "r-b"}
+    assert len(second) >= 10, trees
+    assert all(ref_trees.get(key) == tree for key, tree in second.items())
+    assert stats["catch_up_tokens"] >= outputs[2] - 1, stats  # the prefix, prompt included

@@ -18,11 +18,13 @@ BAD_FLAGS = [
     (["--speculative-use-rejection-sampling"], "--speculative-use-rejection-sampling"),
     (["--tp-size", "2", "--speculative-algorithm", "EAGLE3"], "--tp-size"),
     (["--tokenizer-worker-num", "2"], "--tokenizer-worker-num"),
-    (["--nanospec-adaptive-keep-extend"], "--nanospec-adaptive-keep-extend"),
+    (["--no-nanospec-adaptive", "--nanospec-adaptive-keep-extend"],
+     "--nanospec-adaptive-keep-extend"),
     (["--nanospec-adaptive", "--speculative-adaptive"], "--nanospec-adaptive"),
     (["--nanospec-adaptive", "--nanospec-adaptive-policy", "bogus"], "--nanospec-adaptive-policy"),
-    (["--nanospec-adaptive-policy", "fixed"], "--nanospec-adaptive-policy"),
-]
+    (["--no-nanospec-adaptive", "--nanospec-adaptive-policy", "fixed"],
+     "--nanospec-adaptive-policy"),
+]  # fmt: skip
 
 
 def test_the_embedded_pair_on_a_cpu_drafts_with_the_hybrid_prior(monkeypatch) -> None:
@@ -41,6 +43,28 @@ def test_the_embedded_pair_on_a_cpu_drafts_with_the_hybrid_prior(monkeypatch) ->
     assert prior_of("--model-path", "m") == 0
     args, _ = parser.parse_known_args(["serve", "--nanospec-prior-k", "0"])
     assert args.nanospec_prior_k == 0  # a value given is kept
+
+
+def test_adaptive_speculation_is_on_by_default_for_a_speculative_cpu_server(monkeypatch) -> None:
+    from nanospec_server import cli, host
+
+    parser = cli.build_parser()
+
+    def adaptive_of(*argv: str, cuda: bool = False) -> tuple[bool, bool]:
+        monkeypatch.setattr(host, "has_cuda", lambda: cuda)
+        args, rest = parser.parse_known_args(["serve", *argv])
+        cli._resolve_adaptive(args, rest)
+        return args.nanospec_adaptive, args.adaptive_by_default
+
+    spec = ("--model-path", "m", "--speculative-algorithm", "EAGLE")
+    assert adaptive_of() == (True, True)  # the embedded default pair
+    assert adaptive_of("--tiny") == (True, True)
+    assert adaptive_of(*spec) == (True, True)
+    assert adaptive_of("--model-path", "m") == (False, True)  # plain decoding
+    assert adaptive_of(*spec, cuda=True) == (False, True)  # not measured on a GPU yet
+    assert adaptive_of(*spec, "--speculative-adaptive") == (False, True)  # SGLang's policy
+    assert adaptive_of(*spec, "--no-nanospec-adaptive") == (False, False)
+    assert adaptive_of(*spec, "--nanospec-adaptive", cuda=True) == (True, False)
 
 
 @pytest.mark.parametrize(("flags", "named"), BAD_FLAGS)
@@ -66,6 +90,9 @@ def test_tiny_default_serves_text_and_chat(tmp_path) -> None:
         # served under its own name, not the cache folder it was built into
         models = requests.get(f"{url}/v1/models", timeout=30).json()["data"]
         assert [m["id"] for m in models] == ["tiny-target"]
+        adaptive = requests.get(f"{url}/stats/vocab", timeout=30).json()["adaptive"]
+        assert adaptive["policy"] == "goodput" and adaptive["enabled"]  # on by default
+        assert adaptive["plain_depth_0"] is True
         config = requests.get(f"{url}/nanospec/config", timeout=30).json()
         launched = {"mode": "nanospec", "w_max": 3072, "w_cap": 3072, "k_pre": 3, "k_ver": 3}
         assert {key: config[key] for key in launched} == launched

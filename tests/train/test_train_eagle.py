@@ -257,6 +257,7 @@ def _serve_flags(draft: Path, mode: str) -> list[str]:
         "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", str(draft),
         "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "4", "--nanospec-mode", mode,
+        "--no-nanospec-adaptive",  # the acceptance asserted is the fixed depth's
     ]  # fmt: skip
 
 

@@ -191,12 +191,15 @@ def install(worker, config: NanoSpecConfig) -> None:
         context.adaptive = AdaptiveState("sglang", worker.adaptive_controller.candidate_steps)
         context.adaptive.depth_in_force = worker.speculative_num_steps
         return
-    if not config.adaptive:
+    reason = unsupported_reason(worker.server_args) if config.adaptive else None
+    if reason and config.adaptive_by_default:
+        logger.warning("nanospec: adaptive speculation is off with %s: fixed depth", reason)
+    elif reason:
+        raise ValueError(f"--nanospec-adaptive: not with {reason}")
+    if not config.adaptive or reason:
         context.adaptive = AdaptiveState("off", [worker.speculative_num_steps])
         context.adaptive.depth_in_force = worker.speculative_num_steps
         return
-    if reason := unsupported_reason(worker.server_args):
-        raise ValueError(f"--nanospec-adaptive: not with {reason}")
     candidates = candidate_depths(worker)
     policy = build_policy(config.adaptive_policy, candidates)
     state = AdaptiveState(policy.name, candidates, policy, config.adaptive_skip_extend, worker)

@@ -207,6 +207,18 @@ class NanoSpecRuntime:
             return
         pool_slots = batch.req_pool_indices.to(torch.int64)
         slots = self.vocab_slots(pool_slots)
+        if plain:  # nothing drafted: no coverage to count (the active set's size costs a scan)
+            self.stats.record_plain(pool_slots)
+        else:
+            self._record_verify(pool_slots, slots, batch_result, depth)
+        rids = [req.rid for req in batch.reqs]
+        if candidates is not None and self._appends_while_decoding():
+            self._append_step(slots, candidates, rids, batch.seq_lens)
+            self.vocab.refresh(slots)
+        elif candidates is not None and self.vocab is None and self.recorder is not None:
+            self._append_step(slots, candidates, rids, batch.seq_lens)  # recorded only
+
+    def _record_verify(self, pool_slots: Tensor, slots: Tensor, batch_result, depth: int) -> None:
         accept_lens = batch_result.accept_lens.to(torch.int64)
         emitted = batch_result.next_token_ids.view(len(slots), -1).to(torch.int64)
         emitted_valid = torch.arange(emitted.shape[1], device=slots.device) < accept_lens[:, None]
@@ -216,15 +228,7 @@ class NanoSpecRuntime:
             vocab_size = len(self.draft_head_vocab)  # padding past accept_lens may be any id
             in_head = in_head & self.draft_head_vocab[emitted.clamp(0, vocab_size - 1)]
         active = self._active_size(slots)
-        self.stats.record_verify(
-            pool_slots, accept_lens, covered, active, in_head.sum(1), depth, plain
-        )
-        rids = [req.rid for req in batch.reqs]
-        if candidates is not None and self._appends_while_decoding():
-            self._append_step(slots, candidates, rids, batch.seq_lens)
-            self.vocab.refresh(slots)
-        elif candidates is not None and self.vocab is None and self.recorder is not None:
-            self._append_step(slots, candidates, rids, batch.seq_lens)  # recorded only
+        self.stats.record_verify(pool_slots, accept_lens, covered, active, in_head.sum(1), depth)
 
     def _append_step(
         self, slots: Tensor, candidates: VerifyCandidates, rids: list[str], roots: Tensor

@@ -132,23 +132,25 @@ class RequestStats:
         active_size: Tensor,
         covered_by_head: Tensor,
         depth: int,
-        plain: bool = False,
     ) -> None:
         """One speculative step at this draft depth: tokens emitted (accepted + bonus), how
-        many were in I (of the draft head: I ∩ D), and how many in the head's vocabulary D.
-        ``plain``: a depth-0 step on the plain decode path, counted apart from draft steps."""
+        many were in I (of the draft head: I ∩ D), and how many in the head's vocabulary D."""
         delta = torch.zeros(len(slots), NUM_COUNTERS, dtype=torch.int64, device=slots.device)
-        delta[:, PLAIN_STEPS if plain else STEPS] = 1
+        delta[:, STEPS] = 1
         delta[:, ACCEPTED] = accept_lens - 1  # draft tokens the target accepted
         delta[:, EMITTED] = accept_lens
         delta[:, COVERED] = covered
-        if not plain:  # the active vocabulary's mean is per draft step
-            delta[:, ACTIVE_SUM] = active_size
+        delta[:, ACTIVE_SUM] = active_size
         delta[:, COVERED_BY_HEAD] = covered_by_head
         delta[:, DRAFTED] = depth
         self.counters.index_add_(0, slots, delta)
         maxed = torch.maximum(self.counters[slots, ACTIVE_MAX], active_size)
         self.counters[slots, ACTIVE_MAX] = maxed
+
+    def record_plain(self, slots: Tensor) -> None:
+        """One depth-0 step on the plain decode path: one token each, nothing drafted."""
+        self.counters[slots, PLAIN_STEPS] += 1
+        self.counters[slots, EMITTED] += 1
 
     def record_catch_up(self, slots: Tensor, tokens: Tensor) -> None:
         """Tokens the draft ran over to catch up on these requests' depth-0 steps."""
@@ -229,14 +231,15 @@ class RequestStats:
 def _to_dict(row: list[int], active_now: int, stream_len: int, vocab_size: int) -> dict:
     steps, calls = row[STEPS], row[HEAD_CALLS]
     drafting_emitted = row[EMITTED] - row[PLAIN_STEPS]  # a plain step emits one token
+    covered_of = drafting_emitted or None  # coverage is of the tokens draft steps emitted
     return {
         "active_vocab_size": active_now,
         "active_vocab_mean": row[ACTIVE_SUM] / steps if steps else float(active_now),
         "active_vocab_max": max(row[ACTIVE_MAX], active_now),
         "stream_length": stream_len,
-        "coverage": row[COVERED] / row[EMITTED] if row[EMITTED] else None,
+        "coverage": row[COVERED] / covered_of if covered_of else None,
         # Coverage by the draft head's vocabulary D, the ceiling of the one above.
-        "head_vocab_coverage": row[COVERED_BY_HEAD] / row[EMITTED] if row[EMITTED] else None,
+        "head_vocab_coverage": row[COVERED_BY_HEAD] / covered_of if covered_of else None,
         "accept_length_mean": drafting_emitted / steps if steps else None,
         "draft_steps": steps,
         "plain_steps": row[PLAIN_STEPS],
