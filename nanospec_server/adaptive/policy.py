@@ -147,7 +147,11 @@ class StepCostModel:
 
 
 def _least_squares(samples: list[tuple[int, int, float]], features, width: int) -> np.ndarray:
-    """The fit to each (batch size, depth) cell's median time."""
+    """The fit to each (batch size, depth) cell's median time, every coefficient
+    non-negative: a step never gets cheaper with more requests or more drafts, and a
+    negative per-request cost fitted to noise turned into steps predicted cheap at batch
+    sizes beyond those timed. A feature whose coefficient comes out negative is dropped and
+    the rest refitted (at most ``width`` rounds)."""
     cells: dict[tuple[int, int], list[float]] = {}
     for b, k, t in samples:
         cells.setdefault((b, k), []).append(t)
@@ -155,7 +159,15 @@ def _least_squares(samples: list[tuple[int, int, float]], features, width: int) 
         return np.zeros(width)
     x = np.stack([features(b, k) for b, k in cells])
     y = np.array([float(np.median(times)) for times in cells.values()])
-    return np.linalg.lstsq(x, y, rcond=None)[0]
+    kept = np.ones(width, dtype=bool)
+    coef = np.zeros(width)
+    for _ in range(width):
+        coef = np.zeros(width)
+        coef[kept] = np.linalg.lstsq(x[:, kept], y, rcond=None)[0]
+        if (coef >= 0).all():
+            break
+        kept &= coef > 0
+    return np.clip(coef, 0.0, None)
 
 
 @dataclass
@@ -206,10 +218,11 @@ class GoodputPolicy:
       Two drafting depths split a verify's fixed cost from a draft step's; one leaves the
       fit guessing (a minimum-norm split that priced depth 1 at 40% of depth 3).
     - Then it takes the depth of highest predicted goodput among the depths it trusts
-      (timed, or between two timed drafting depths: never one the fit extrapolates to),
-      switching away from the
-      current one only for a gain of ``min_gain`` seen on ``confirm_steps`` decisions in a
-      row: the depth does not flip at a threshold, step after step.
+      (timed, or between two timed drafting depths, at a batch size no larger than a
+      drafting step was timed at: never one the fit extrapolates to), switching away from the
+      current one only for a gain of ``min_gain`` (``min_gain_leaving_plain`` from depth 0,
+      where drafting again first costs the draft's catch-up) seen on ``confirm_steps``
+      decisions in a row: the depth does not flip at a threshold, step after step.
     - Every ``probe_every`` steps it runs one step at a neighbouring depth, so the cost
       model and, from depth 0, the acceptance estimate stay current. Under a steady load a
       probe that changes nothing doubles the interval (up to ``max_probe_every``); a new
@@ -223,6 +236,7 @@ class GoodputPolicy:
     name: ClassVar[str] = "goodput"
     candidates: list[int]
     min_gain: float = 0.03
+    min_gain_leaving_plain: float = 0.10
     confirm_steps: int = 2
     probe_every: int = 32
     max_probe_every: int = 512
@@ -256,13 +270,18 @@ class GoodputPolicy:
         tokens = batch_size * self.acceptance.expected_tokens(depth)
         return tokens / self.cost.predict(batch_size, depth)
 
-    def trusted(self) -> list[int]:
+    def trusted(self, batch_size: int | None = None) -> list[int]:
         """The candidates whose prediction counts: depth 0 once timed often enough, and the
         drafting depths from the shallowest to the deepest so timed (interpolated, never
-        extrapolated)."""
+        extrapolated); at a ``batch_size`` larger than any a drafting step was timed at,
+        none of them (the fit would extrapolate a per-request cost: the probes time them
+        there first)."""
         timed = self.cost.timed_depths()
         drafting = [k for k in timed if k > 0]
         low, high = (min(drafting), max(drafting)) if drafting else (1, 0)
+        if batch_size is not None and drafting:
+            if batch_size > max(self.cost.largest_batch_timed(k) for k in drafting):
+                low, high = 1, 0
         return [k for k in self.candidates if (k == 0 and k in timed) or low <= k <= high]
 
     def choose(self, batch_size: int) -> Decision:
@@ -272,7 +291,7 @@ class GoodputPolicy:
         explore = self._explore_depth()
         if explore is not None or not self.cost.ready:
             return Decision(self.candidates[0] if explore is None else explore, "explore", {})
-        predicted = {k: self.goodput(batch_size, k) for k in self.trusted()}
+        predicted = {k: self.goodput(batch_size, k) for k in self.trusted(batch_size)}
         shallowest = self.candidates[0]
         if batch_size > self.cost.largest_batch_timed(shallowest):
             # The fit cannot split a per-request cost between depths it has timed at
@@ -298,7 +317,9 @@ class GoodputPolicy:
         if held is None or held not in predicted:
             self._moved(best)
             return best, "goodput"
-        if best != held and predicted[best] > predicted[held] * (1 + self.min_gain):
+        # Leaving depth 0 costs the draft's catch-up on every position it missed there.
+        gain = self.min_gain_leaving_plain if held == 0 else self.min_gain
+        if best != held and predicted[best] > predicted[held] * (1 + gain):
             if best == self._challenger:
                 self._challenges += 1
             else:
@@ -325,7 +346,7 @@ class GoodputPolicy:
             return fixed.depth
         if not self.cost.ready or self._explore_depth() is not None:
             return None
-        return _argmax({k: self.goodput(batch_size, k) for k in self.trusted()})
+        return _argmax({k: self.goodput(batch_size, k) for k in self.trusted(batch_size)})
 
     def observe_step(self, record: StepRecord) -> None:
         if record.seconds is not None:
@@ -349,7 +370,7 @@ class GoodputPolicy:
             if plain is not None
             else None,
             "catch_up_step_ms": self.cost.catch_up_ms(),
-            "trusted_depths": self.trusted(),
+            "trusted_depths": self.trusted(),  # at the batch sizes timed
             "probe_interval": self._probe_interval,
         }
 

@@ -318,7 +318,12 @@ def _plain_depth_zero(worker, batch, state: AdaptiveState, on_publish):
         worker._stub_skipped_draft_extend(batch, result)  # our AFTER hook feeds the window
         state.extends_skipped += 1
         return result
-    plan = catch_up.plan(worker, batch) if catch_up is not None else None
+    # A probe drafts one step to time it and returns to depth 0: catching every request
+    # up first would cost a draft forward over all it missed since (a prefill's worth at a
+    # large batch) for one step. It drafts from the draft's KV as it is (still verified;
+    # the acceptance it measures errs low, towards plain decoding).
+    probe = state.pending is not None and state.pending.reason == "probe"
+    plan = catch_up.plan(worker, batch) if catch_up is not None and not probe else None
     if plan is None or plan.nothing_missed:  # the ordinary one-token draft extend
         with draft_tp_context(worker.draft_worker.parallel_layout):
             worker.draft_worker._draft_extend_for_decode(batch, result)
