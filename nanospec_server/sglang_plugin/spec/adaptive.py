@@ -120,6 +120,7 @@ class AdaptiveState:
     steps_by_depth: Counter = field(default_factory=Counter)
     steps_by_batch_size: Counter = field(default_factory=Counter)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+    last_decode_reqs: list = field(default_factory=list)  # the requests of the last decode step
     timed_steps: int = 0
     extends_skipped: int = 0  # depth-0 steps that ran without the draft extend
     plain_steps: int = 0  # depth-0 steps that ran SGLang's plain decode path
@@ -285,6 +286,7 @@ def timed_forward(original, worker, batch, *args, **kwargs):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start if timed else None
     state.depth_in_force = worker.speculative_num_steps
+    state.last_decode_reqs = list(batch.reqs)
     if worker.speculative_num_steps == 0 and LAST_VERIFY.verifies != verifies:
         state.depth_0_verifies += 1
     state.record(batch.seq_lens.shape[0], worker.speculative_num_steps, seconds)
@@ -381,7 +383,9 @@ def prefill_topk_skipped(batch) -> bool:
     state = current().adaptive
     if state is None or state.policy is None or not state.skip_extend:
         return False
-    running = state.recent[-1]["batch_size"] if state.recent else 0
+    # The requests of the last decode step still running (the step's size counted the
+    # ones that have finished since: a lone request's successor joined a batch of 2).
+    running = sum(1 for req in state.last_decode_reqs if not req.finished())
     if state.policy.predicted_best(running + len(batch.reqs)) != 0:  # None: not ready yet
         return False
     state.prefill_topks_skipped += 1
