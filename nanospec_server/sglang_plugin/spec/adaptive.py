@@ -205,7 +205,7 @@ def install(worker, config: NanoSpecConfig) -> None:
     policy = build_policy(config.adaptive_policy, candidates)
     state = AdaptiveState(policy.name, candidates, policy, config.adaptive_skip_extend, worker)
     state.plain_steps_enabled = config.adaptive_plain and plain_step.serves(worker)
-    if state.skip_extend:
+    if state.skip_extend and state.plain_steps_enabled:  # the catch-up serves plain steps
         allocator = worker.token_to_kv_pool_allocator
         num_slots = int(allocator.size) + 2 * int(allocator.page_size)
         keeps_hidden = not worker.speculative_algorithm.is_standalone()

@@ -36,9 +36,12 @@ _CHANGED = ("input_ids", "out_cache_loc", "forward_mode", "seq_lens", "seq_lens_
 
 def serves(worker) -> bool:
     """Whether this worker's depth-0 steps may take the plain path: on a CPU, with one
-    pipeline stage. On CUDA the target's graphs are captured for the verify shape and the
-    plain path has not been measured there, so a GPU server keeps SGLang's depth-0 step."""
-    return str(worker.device).startswith("cpu") and get_parallel().pp_size == 1
+    pipeline stage and one tensor-parallel rank. On CUDA the target's graphs are captured for
+    the verify shape and the plain path has not been measured there; with tensor parallelism
+    it has not been tested. Those servers keep SGLang's depth-0 step."""
+    parallel = get_parallel()
+    on_cpu = str(worker.device).startswith("cpu")
+    return on_cpu and parallel.pp_size == 1 and parallel.tp_size == 1
 
 
 def verify_reason(batch) -> str | None:
