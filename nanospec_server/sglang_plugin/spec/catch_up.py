@@ -171,7 +171,7 @@ class DraftCatchUp:
         rows = pool_rows.to(torch.int64)
         limits = torch.tensor(ends, device=rows.device)
         columns = torch.arange(width, device=rows.device)
-        stale = ~self.valid[req_to_token[rows][:, :width].to(torch.int64)]
+        stale = ~self.valid[req_to_token[rows, :width].to(torch.int64)]  # no whole rows copied
         stale &= columns[None, :] < limits[:, None]
         return torch.where(stale.any(1), stale.int().argmax(1), limits).tolist()
 
