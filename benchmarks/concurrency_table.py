@@ -17,14 +17,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from bootstrap import bootstrap_median
 
 PLAIN = "ar"
-
-
-def bootstrap_median(values: list[float], draws: int = 4000, seed: int = 0) -> tuple:
-    sample = np.array(values)
-    medians = np.median(np.random.default_rng(seed).choice(sample, (draws, len(sample))), axis=1)
-    return float(np.median(sample)), *np.percentile(medians, [2.5, 97.5]).tolist()
 
 
 def tokens_per_s(record: dict) -> float:

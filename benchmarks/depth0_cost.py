@@ -27,8 +27,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import requests
+from bootstrap import bootstrap_median
 
 from nanospec_server.bench.cli import shipped_eagle_head
 from nanospec_server.bench.specbench import first_turns
@@ -81,14 +81,6 @@ def set_settings(url: str, admin_key: str, changes: dict) -> None:
         f"{url}/nanospec/settings", json=changes, headers={"X-Admin-Key": admin_key}, timeout=60
     )
     response.raise_for_status()
-
-
-def bootstrap_median(values: list[float], draws: int = 4000, seed: int = 0) -> tuple:
-    """The median and its bootstrap 95% interval."""
-    rng = np.random.default_rng(seed)
-    sample = np.array(values)
-    medians = np.median(rng.choice(sample, (draws, len(sample))), axis=1)
-    return float(np.median(sample)), *np.percentile(medians, [2.5, 97.5]).tolist()
 
 
 def path_counts(stats: dict, b: int) -> str:

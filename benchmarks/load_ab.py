@@ -11,9 +11,12 @@ Presets:
   schedule (on a CPU torch's streams and events do nothing: does the loop matter?).
 - ``bf16-linear``: in bf16, SGLang's own linear layers (``NANOSPEC_CPU_LINEAR=0``)
   against our packed row-invariant ones, for plain decoding and the default pair.
+- ``serve``: plain decoding of the default target beside `nanospec serve`'s default pair
+  as it starts with no flags (adaptive speculation on, on a CPU).
 
     python benchmarks/load_ab.py overlap --rounds 2 --concurrency 8
     python benchmarks/load_ab.py bf16-linear --rounds 2 --concurrency 1 8
+    python benchmarks/load_ab.py serve --rounds 1 --concurrency 8 16
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ def presets() -> dict[str, dict[str, Config]]:
             "pair-sglang-linear": Config(pair + bf16, {CPU_LINEAR: "0"}),
             "pair-packed": Config(pair + bf16),
         },
+        "serve": {
+            "plain": Config(plain),
+            "nanospec-serve": Config(pair),
+        },
     }
 
 
@@ -90,7 +97,7 @@ def run_config(config: Config, log: Path) -> Iterator[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", choices=("overlap", "bf16-linear"))
+    parser.add_argument("preset", choices=("overlap", "bf16-linear", "serve"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8])
     parser.add_argument("--prompts-per-slot", type=int, default=2, help="prompts = this x c")

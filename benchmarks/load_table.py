@@ -1,0 +1,226 @@
+"""Plain decoding beside `nanospec serve` (adaptive speculation, its default on a CPU) under
+load: streamed requests, throughput ratio per concurrency, latency, time to first token and
+inter-token latency.
+
+Both servers are up at once. At each concurrency c, each round sends a fresh batch of c
+Spec-Bench first turns (shuffled with ``--seed``, each through the target's chat template,
+greedy) to each server in turn, the order alternating by round. A round's throughput is its
+batch's completion tokens over the batch's wall time; per concurrency the table gives the
+median of the rounds' ratios with its bootstrap 95% interval, each server's total tokens per
+second, request latency (median, p90), time to first token (p50) and the gap between
+streamed chunks (p50, p99: a speculative step streams all the tokens it accepted in one
+chunk, as SGLang's own ``bench_serving`` counts it), and how many outputs equal plain
+decoding's. At the concurrencies in ``--fixed-at`` each round also runs the speculative
+server with adaptive speculation turned off live (``{"adaptive": false}``: the launch's
+fixed depth). Records go to ``--out/records.jsonl`` as each batch ends (a rerun skips
+those stored), the table to ``--out/table.md``.
+
+    python benchmarks/load_table.py --pair default --out /tmp/load-default
+    python benchmarks/load_table.py --pair eagle --out /tmp/load-eagle
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import requests
+from bootstrap import bootstrap_median
+
+from nanospec_server.bench.cli import shipped_eagle_head
+from nanospec_server.bench.specbench import spec_bench_path
+from nanospec_server.launch.server import running_servers, speculative_flags
+from nanospec_server.models.chat import encode_user_turns
+from nanospec_server.models.defaults import default_serve_argv
+from nanospec_server.models.paths import model_paths
+
+ADMIN_KEY = "load-table-admin-key-0123456789"
+PAIRS = {  # the speculative server's flags; the plain server serves its first two
+    "default": default_serve_argv,
+    "eagle": lambda: (
+        ["--model-path", str(model_paths("qwen2.5-coder-0.5b-instruct").hf_dir)]
+        + speculative_flags("EAGLE", str(shipped_eagle_head()), 4, 1, 5)
+    ),
+}
+# Long-document categories make a round at c = 32 a prefill benchmark of minutes.
+SKIPPED_CATEGORIES = ("summarization", "rag")
+
+
+def without_flag(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``flag`` and its value (the table sets it the same on both servers)."""
+    if flag not in argv:
+        return argv
+    at = argv.index(flag)
+    return argv[:at] + argv[at + 2 :]
+
+
+def prompt_ids(tokenizer_dir: str, count: int, seed: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    rows = [json.loads(line) for line in spec_bench_path().read_text().splitlines() if line]
+    turns = [row["turns"][0] for row in rows if row["category"] not in SKIPPED_CATEGORIES]
+    random.Random(seed).shuffle(turns)
+    turns = (turns * (count // len(turns) + 1))[:count]
+    return encode_user_turns(AutoTokenizer.from_pretrained(tokenizer_dir), turns)
+
+
+def stream_one(url: str, ids: list[int], max_new: int) -> dict:
+    """One streamed greedy request: its chunk arrival times and final output."""
+    body = {
+        "input_ids": ids,
+        "stream": True,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new},
+    }
+    start, times, last = time.perf_counter(), [], {}
+    with requests.post(f"{url}/generate", json=body, stream=True, timeout=3600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith(b"data: {"):
+                times.append(time.perf_counter() - start)
+                last = json.loads(line[len(b"data: ") :])
+    meta = last.get("meta_info", {})
+    stats = meta.get("nanospec")  # a streamed request's carries one snapshot per chunk
+    return {
+        "chunk_s": times,
+        "output_ids": last.get("output_ids", []),
+        "completion_tokens": meta.get("completion_tokens", 0),
+        "nanospec": stats[-1] if isinstance(stats, list) and stats else stats,
+    }
+
+
+def run_batch(url: str, batch: list[list[int]], max_new: int) -> dict:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(batch)) as pool:
+        items = list(pool.map(lambda ids: stream_one(url, ids, max_new), batch))
+    return {"wall_s": time.perf_counter() - start, "items": items}
+
+
+def set_adaptive(url: str, on: bool) -> None:
+    response = requests.post(
+        f"{url}/nanospec/settings",
+        json={"adaptive": on},
+        headers={"X-Admin-Key": ADMIN_KEY},
+        timeout=60,
+    )
+    response.raise_for_status()
+
+
+def tokens_per_s(record: dict) -> float:
+    return sum(item["completion_tokens"] for item in record["items"]) / record["wall_s"]
+
+
+def describe(name: str, rows: list[dict], plain_rows: list[dict]) -> list[str]:
+    """The table's cells for one server at one concurrency (ratios to the plain rows)."""
+    items = [item for row in rows for item in row["items"]]
+    tokens = sum(item["completion_tokens"] for item in items)
+    rate = tokens / sum(row["wall_s"] for row in rows)
+    latency = [item["chunk_s"][-1] for item in items if item["chunk_s"]]
+    ttft = [item["chunk_s"][0] for item in items if item["chunk_s"]]
+    gaps = [float(gap) for item in items for gap in np.diff(item["chunk_s"])]
+    cells = [name, f"{rate:.2f}"]
+    if name == "plain":
+        cells.append("-")
+    else:
+        ratios = [tokens_per_s(a) / tokens_per_s(p) for a, p in zip(rows, plain_rows, strict=True)]
+        median, low, high = bootstrap_median(ratios)
+        cells.append(f"**{median:.3f}** [{low:.3f}-{high:.3f}]")
+    cells += [
+        f"{np.median(latency):.2f} / {np.percentile(latency, 90):.2f}",
+        f"{np.median(ttft):.2f}",
+        f"{1000 * np.median(gaps):.0f} / {1000 * np.percentile(gaps, 99):.0f}" if gaps else "-",
+    ]
+    plain_items = [item for row in plain_rows for item in row["items"]]
+    same = sum(a["output_ids"] == p["output_ids"] for a, p in zip(items, plain_items, strict=True))
+    cells.append(f"{same}/{len(items)}")
+    stats = [item["nanospec"] for item in items if item["nanospec"]]
+    drafting = sum(s.get("draft_steps", 0) for s in stats)
+    plain_steps = sum(s.get("plain_steps", 0) for s in stats)
+    cells.append(f"{drafting} / {plain_steps}" if stats else "-")
+    return cells
+
+
+def table(records: dict[str, dict], concurrency: list[int], names: list[str]) -> str:
+    header = (
+        "| c | server | tok/s | per-round ratio to plain [95%] | latency p50 / p90 s "
+        "| TTFT p50 s | chunk gap p50 / p99 ms | outputs equal plain | draft / plain steps |"
+    )
+    lines = [header, "|" + "---|" * 9]
+    for c in concurrency:
+        rounds = sorted({int(key.split("|")[1]) for key in records if key.startswith(f"{c}|")})
+        plain_rows = [records[f"{c}|{r}|plain"] for r in rounds if f"{c}|{r}|plain" in records]
+        for name in names:
+            rows = [records.get(f"{c}|{r}|{name}") for r in rounds]
+            if not rows or any(row is None for row in rows) or len(rows) != len(plain_rows):
+                continue
+            lines.append(f"| {c} | " + " | ".join(describe(name, rows, plain_rows)) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="default")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--rounds-at", nargs="*", default=[], metavar="C=N", help="fewer rounds at some c"
+    )
+    parser.add_argument("--fixed-at", type=int, nargs="*", default=[1])
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--max-total-tokens", type=int, default=16384)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    rounds_at = {int(c): int(n) for c, n in (item.split("=") for item in args.rounds_at)}
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "records.jsonl"
+    records = {}
+    if path.exists():
+        records = {r["key"]: r for r in map(json.loads, path.read_text().splitlines())}
+    spec = without_flag(PAIRS[args.pair](), "--max-total-tokens")
+    limits = ["--max-total-tokens", str(args.max_total_tokens)]
+    servers = {
+        "plain": (spec[:2] + limits, args.out / "plain.log"),
+        "speculative": (spec + limits + ["--admin-api-key", ADMIN_KEY], args.out / "spec.log"),
+    }
+    needed = sum(c * rounds_at.get(c, args.rounds) for c in args.concurrency)
+    prompts = prompt_ids(spec[1], needed, args.seed)
+    host = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line for line in host.splitlines() if "Model name" in line), "")
+    print(f"{model.strip()}; speculative server: {' '.join(spec)}", flush=True)
+    with running_servers(servers, one_at_a_time=True) as urls, path.open("a") as out:
+        for name in urls:  # a first request pays one-time costs outside the table
+            run_batch(urls[name], prompts[:1], 8)
+        used = 0
+        for c in args.concurrency:
+            for round_ in range(rounds_at.get(c, args.rounds)):
+                batch, used = prompts[used : used + c], used + c
+                names = ["plain", "adaptive"] + (["fixed"] if c in args.fixed_at else [])
+                order = names if round_ % 2 == 0 else names[::-1]
+                for name in order:
+                    key = f"{c}|{round_}|{name}"
+                    if key in records:
+                        continue
+                    url = urls["plain" if name == "plain" else "speculative"]
+                    if name != "plain":
+                        set_adaptive(url, name == "adaptive")
+                    record = {"key": key, **run_batch(url, batch, args.max_new_tokens)}
+                    records[key] = record
+                    out.write(json.dumps(record) + "\n")
+                    out.flush()
+                    print(f"c={c} round {round_} {name}: {tokens_per_s(record):.2f} tok/s", flush=True)  # fmt: skip
+            set_adaptive(urls["speculative"], True)
+            print(table(records, [c], ["plain", "adaptive", "fixed"]), flush=True)
+    result = table(records, args.concurrency, ["plain", "adaptive", "fixed"])
+    (args.out / "table.md").write_text(result + "\n")
+    print(result)
+
+
+if __name__ == "__main__":
+    main()
