@@ -17,6 +17,7 @@ those stored), the table to ``--out/table.md``.
 
     python benchmarks/load_table.py --pair default --out /tmp/load-default
     python benchmarks/load_table.py --pair eagle --out /tmp/load-eagle
+    python benchmarks/load_table.py --out /tmp/load-eagle --report   # the table again
 """
 
 from __future__ import annotations
@@ -175,6 +176,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--max-total-tokens", type=int, default=16384)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--report", action="store_true", help="the table of --out's records")
     args = parser.parse_args()
     rounds_at = {int(c): int(n) for c, n in (item.split("=") for item in args.rounds_at)}
 
@@ -183,6 +185,9 @@ def main() -> None:
     records = {}
     if path.exists():
         records = {r["key"]: r for r in map(json.loads, path.read_text().splitlines())}
+    if args.report:
+        print(table(records, args.concurrency, ["plain", "adaptive", "fixed"]))
+        return
     spec = without_flag(PAIRS[args.pair](), "--max-total-tokens")
     limits = ["--max-total-tokens", str(args.max_total_tokens)]
     servers = {

@@ -28,6 +28,18 @@ def requested_w_max(custom_params: object) -> int | None:
     return value if type(value) is int and value >= 1 else None
 
 
+# A streamed request that wants its statistics on every chunk, not on its last one only.
+REQUEST_STATS_EVERY_CHUNK_PARAM = "nanospec_stats_every_chunk"
+
+
+def wants_stats_every_chunk(custom_params: object) -> bool:
+    """Whether a request asked for a statistics snapshot on every streamed chunk (a bool;
+    the tokenizer side refuses anything else with a 400)."""
+    if not isinstance(custom_params, dict):
+        return False
+    return custom_params.get(REQUEST_STATS_EVERY_CHUNK_PARAM) is True
+
+
 class Mode(str, Enum):
     """How the draft model's LM head is computed."""
 

@@ -48,6 +48,7 @@ def register() -> None:
         checks = (
             request_checks.check_input_ids,
             request_checks.check_w_max_override,
+            request_checks.check_stats_every_chunk,
             request_checks.check_stop_regex,
             request_checks.check_float32_sampling_values,
         )

@@ -148,3 +148,33 @@ def test_schema_metrics_and_dashboard_are_served(server: Server) -> None:
     assert page.status_code == 200 and "dashboard.js" in page.text
     script = requests.get(f"{server.url}/nanospec/static/dashboard.js", timeout=30)
     assert script.status_code == 200 and "/stats/vocab" in script.text
+
+
+def streamed_nanospec(server: Server, custom_params: dict | None) -> list[list[dict]]:
+    """`meta_info["nanospec"]` of each chunk of one streamed greedy request."""
+    params = {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}
+    if custom_params is not None:
+        params["custom_params"] = custom_params
+    body = {"text": "streamed statistics", "sampling_params": params, "stream": True}
+    chunks = []
+    with requests.post(f"{server.url}/generate", json=body, stream=True, timeout=300) as reply:
+        assert reply.status_code == 200, reply.text
+        for line in reply.iter_lines():
+            if line.startswith(b"data: {"):
+                chunks.append(json.loads(line[len(b"data: ") :])["meta_info"]["nanospec"])
+    return chunks
+
+
+def test_a_streamed_reply_carries_its_statistics_on_its_last_chunk(server: Server) -> None:
+    quiet = streamed_nanospec(server, None)
+    assert len(quiet) > 2 and all(chunk == [] for chunk in quiet[:-1]), quiet
+    # every token but the prefill's came from a decode step
+    assert len(quiet[-1]) == 1 and quiet[-1][0]["emitted_tokens"] == 24 - 1, quiet[-1]
+    every = streamed_nanospec(server, {"nanospec_stats_every_chunk": True})
+    assert [len(chunk) for chunk in every] == list(range(1, len(every) + 1))
+    emitted = [chunk[-1]["emitted_tokens"] for chunk in every]
+    assert emitted == sorted(emitted) and emitted[0] < emitted[-1]
+    assert every[-1][-1]["draft_steps"] + every[-1][-1]["plain_steps"] > 0
+    body = {"text": "x", "sampling_params": {"custom_params": {"nanospec_stats_every_chunk": 1}}}
+    refused = requests.post(f"{server.url}/generate", json=body, timeout=60)
+    assert refused.status_code == 400 and "nanospec_stats_every_chunk" in refused.text

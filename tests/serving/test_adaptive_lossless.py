@@ -158,10 +158,15 @@ def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind:
 def streamed_snapshots(
     url: str, input_ids: list[int], max_new_tokens: int, on_chunk=None
 ) -> tuple[list[dict], dict]:
-    """The request's NanoSpec statistics as each streamed chunk left the server (a reply
-    that is not streamed carries one snapshot per ~50 tokens), and the last meta_info
-    (with the whole ``output_ids``). ``on_chunk`` sees each snapshot as it arrives."""
-    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+    """The request's NanoSpec statistics as each streamed chunk left the server (asked for
+    on every chunk: by default a streamed reply carries them on its last), and the last
+    meta_info (with the whole ``output_ids``). ``on_chunk`` sees each snapshot as it
+    arrives."""
+    params = {
+        "temperature": 0.0,
+        "max_new_tokens": max_new_tokens,
+        "custom_params": {"nanospec_stats_every_chunk": True},
+    }
     body = {"input_ids": input_ids, "sampling_params": params, "stream": True}
     snapshots, meta = [], {}
     with requests.post(f"{url}/generate", json=body, stream=True, timeout=600) as response:

@@ -19,7 +19,11 @@ from __future__ import annotations
 import math
 import re
 
-from nanospec_server.config import REQUEST_W_MAX_PARAM, NanoSpecConfig
+from nanospec_server.config import (
+    REQUEST_STATS_EVERY_CHUNK_PARAM,
+    REQUEST_W_MAX_PARAM,
+    NanoSpecConfig,
+)
 
 W_MAX_FIELD = f"custom_params.{REQUEST_W_MAX_PARAM}"
 
@@ -51,6 +55,16 @@ def check_w_max_override(tokenizer_manager, obj, *args, **kwargs) -> None:
         )
     if problem := w_max_problem(custom[REQUEST_W_MAX_PARAM], config.w_cap):
         raise ValueError(f"custom_params.{problem}")
+
+
+def check_stats_every_chunk(tokenizer_manager, obj, *args, **kwargs) -> None:
+    """`custom_params.nanospec_stats_every_chunk` is a bool or absent."""
+    params = getattr(obj, "sampling_params", None)
+    custom = params.get("custom_params") if isinstance(params, dict) else None
+    if not isinstance(custom, dict) or REQUEST_STATS_EVERY_CHUNK_PARAM not in custom:
+        return
+    if not isinstance(custom[REQUEST_STATS_EVERY_CHUNK_PARAM], bool):
+        raise ValueError(f"custom_params.{REQUEST_STATS_EVERY_CHUNK_PARAM}: must be true or false")
 
 
 def check_stop_regex(tokenizer_manager, obj, *args, **kwargs) -> None:

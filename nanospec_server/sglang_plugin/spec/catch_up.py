@@ -83,6 +83,7 @@ class DraftCatchUp:
         self.kept: dict[str, KeptHidden] = {}
         self.tokens_caught_up = 0
         self.positions_left_stale = 0  # EAGLE: missed positions whose hidden state was gone
+        self._stale_counted: dict[str, int] = {}  # per request, counted below this position
 
     # -- validity ------------------------------------------------------------------------
 
@@ -110,6 +111,8 @@ class DraftCatchUp:
         """Drop the hidden states of requests no longer running."""
         for rid in [rid for rid in self.kept if rid not in live_rids]:
             del self.kept[rid]
+        for rid in [rid for rid in self._stale_counted if rid not in live_rids]:
+            del self._stale_counted[rid]
 
     # -- prefills ------------------------------------------------------------------------
 
@@ -188,12 +191,19 @@ class DraftCatchUp:
                 kept = self.kept.get(req.rid)
                 reachable = kept.first if kept is not None else end
                 if start < reachable:
-                    self.positions_left_stale += reachable - start
+                    self._count_left_stale(req.rid, start, reachable)
                     start = reachable
             start = min(start, end)
             starts.append(start)
             stops.append(min(end, start + self.chunk - 1))
         return Plan(starts, stops, ends)
+
+    def _count_left_stale(self, rid: str, start: int, stop: int) -> None:
+        """Positions ``start`` .. ``stop - 1`` of a request stay stale: count each once
+        (every later plan skips them again)."""
+        counted = self._stale_counted.get(rid, 0)
+        self.positions_left_stale += max(0, stop - max(start, counted))
+        self._stale_counted[rid] = max(counted, stop)
 
     # -- the extend ----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import pytest
 
 from nanospec_server.sglang_plugin.requests.checks import (
     check_float32_sampling_values,
+    check_stats_every_chunk,
     check_stop_regex,
 )
 
@@ -59,3 +60,15 @@ def test_a_value_float32_cannot_hold_is_a_value_error_naming_the_field(sampling,
 def test_float32_values_and_mistyped_ones_pass_to_sglang(sampling) -> None:
     check_float32_sampling_values(None, request(**sampling))
     check_float32_sampling_values(None, SimpleNamespace(sampling_params=None))
+
+
+@pytest.mark.parametrize("value", [1, 0, "true", None, [True]])
+def test_stats_every_chunk_that_is_no_bool_is_a_value_error_naming_the_field(value) -> None:
+    with pytest.raises(ValueError, match=r"^custom_params\.nanospec_stats_every_chunk: "):
+        check_stats_every_chunk(None, request(custom_params={"nanospec_stats_every_chunk": value}))
+
+
+@pytest.mark.parametrize("custom", [None, {}, {"w_max": 5}, {"nanospec_stats_every_chunk": False}])
+def test_stats_every_chunk_absent_or_a_bool_passes(custom) -> None:
+    check_stats_every_chunk(None, request(custom_params=custom))
+    check_stats_every_chunk(None, request(custom_params={"nanospec_stats_every_chunk": True}))
