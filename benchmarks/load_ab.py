@@ -36,7 +36,7 @@ from pathlib import Path
 
 from nanospec_server.env import CPU_LINEAR
 from nanospec_server.launch.server import running_server
-from nanospec_server.models.defaults import default_serve_argv
+from nanospec_server.models.defaults import DEFAULT_CPU_PRIOR_K, default_serve_argv
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def presets() -> dict[str, dict[str, Config]]:
         },
         "serve": {
             "plain": Config(plain),
-            "nanospec-serve": Config(pair),
+            "nanospec-serve": Config(pair + ["--nanospec-prior-k", str(DEFAULT_CPU_PRIOR_K)]),
         },
     }
 

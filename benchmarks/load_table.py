@@ -38,12 +38,13 @@ from nanospec_server.bench.cli import shipped_eagle_head
 from nanospec_server.bench.specbench import spec_bench_path
 from nanospec_server.launch.server import running_servers, speculative_flags
 from nanospec_server.models.chat import encode_user_turns
-from nanospec_server.models.defaults import default_serve_argv
+from nanospec_server.models.defaults import DEFAULT_CPU_PRIOR_K, default_serve_argv
 from nanospec_server.models.paths import model_paths
 
 ADMIN_KEY = "load-table-admin-key-0123456789"
 PAIRS = {  # the speculative server's flags; the plain server serves its first two
-    "default": default_serve_argv,
+    # what `nanospec serve` runs with no arguments (its prior is the embedded default's)
+    "default": lambda: default_serve_argv() + ["--nanospec-prior-k", str(DEFAULT_CPU_PRIOR_K)],
     "eagle": lambda: (
         ["--model-path", str(model_paths("qwen2.5-coder-0.5b-instruct").hf_dir)]
         + speculative_flags("EAGLE", str(shipped_eagle_head()), 4, 1, 5)

@@ -161,7 +161,7 @@ def _load_table(summary: dict) -> list[str]:
 def _lossless_section(checks: dict) -> list[str]:
     lines = ["## Lossless check (outputs differing from ar)", ""]
     if checks["bitwise_expected"]:
-        lines += ["fp32 on a CPU through our kernels: speculation is bit-identical to plain "
+        lines += ["fp32 or bf16 on a CPU through our kernels: speculation is bit-identical to plain "
                   f"decoding here, so every differing output is a bug (**{checks['bugs']}**).", ""]  # fmt: skip
     lines += ["| config | outputs | differing |", "|---|---|---|"]
     for config, c in checks["compared"].items():
