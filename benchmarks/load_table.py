@@ -50,6 +50,7 @@ PAIRS = {  # the speculative server's flags; the plain server serves its first t
         + speculative_flags("EAGLE", str(shipped_eagle_head()), 4, 1, 5)
     ),
 }
+SERVERS = ["plain", "adaptive", "fixed"]  # the table's rows per concurrency, in order
 # Long-document categories make a round at c = 32 a prefill benchmark of minutes.
 SKIPPED_CATEGORIES = ("summarization", "rag")
 
@@ -87,7 +88,7 @@ def stream_one(url: str, ids: list[int], max_new: int) -> dict:
                 times.append(time.perf_counter() - start)
                 last = json.loads(line[len(b"data: ") :])
     meta = last.get("meta_info", {})
-    stats = meta.get("nanospec")  # a streamed request's carries one snapshot per chunk
+    stats = meta.get("nanospec")  # a streamed reply's last chunk carries its snapshot
     return {
         "chunk_s": times,
         "output_ids": last.get("output_ids", []),
@@ -147,7 +148,7 @@ def describe(name: str, rows: list[dict], plain_rows: list[dict]) -> list[str]:
     return cells
 
 
-def table(records: dict[str, dict], concurrency: list[int], names: list[str]) -> str:
+def table(records: dict[str, dict], concurrency: list[int]) -> str:
     header = (
         "| c | server | tok/s | per-round ratio to plain [95%] | latency p50 / p90 s "
         "| TTFT p50 s | chunk gap p50 / p99 ms | outputs equal plain | draft / plain steps |"
@@ -156,7 +157,7 @@ def table(records: dict[str, dict], concurrency: list[int], names: list[str]) ->
     for c in concurrency:
         rounds = sorted({int(key.split("|")[1]) for key in records if key.startswith(f"{c}|")})
         plain_rows = [records[f"{c}|{r}|plain"] for r in rounds if f"{c}|{r}|plain" in records]
-        for name in names:
+        for name in SERVERS:
             rows = [records.get(f"{c}|{r}|{name}") for r in rounds]
             if not rows or any(row is None for row in rows) or len(rows) != len(plain_rows):
                 continue
@@ -187,7 +188,7 @@ def main() -> None:
     if path.exists():
         records = {r["key"]: r for r in map(json.loads, path.read_text().splitlines())}
     if args.report:
-        print(table(records, args.concurrency, ["plain", "adaptive", "fixed"]))
+        print(table(records, args.concurrency))
         return
     spec = without_flag(PAIRS[args.pair](), "--max-total-tokens")
     limits = ["--max-total-tokens", str(args.max_total_tokens)]
@@ -222,8 +223,8 @@ def main() -> None:
                     out.flush()
                     print(f"c={c} round {round_} {name}: {tokens_per_s(record):.2f} tok/s", flush=True)  # fmt: skip
             set_adaptive(urls["speculative"], True)
-            print(table(records, [c], ["plain", "adaptive", "fixed"]), flush=True)
-    result = table(records, args.concurrency, ["plain", "adaptive", "fixed"])
+            print(table(records, [c]), flush=True)
+    result = table(records, args.concurrency)
     (args.out / "table.md").write_text(result + "\n")
     print(result)
 

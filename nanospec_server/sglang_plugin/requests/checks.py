@@ -38,10 +38,16 @@ def check_input_ids(tokenizer_manager, obj, input_ids, *args, **kwargs) -> None:
         raise ValueError(f"input_ids: token id {bad} is outside the vocabulary [0, {vocab_size})")
 
 
-def check_w_max_override(tokenizer_manager, obj, *args, **kwargs) -> None:
+def _custom_params(obj) -> dict | None:
+    """The request's `sampling_params.custom_params` if it is an object, else None."""
     params = getattr(obj, "sampling_params", None)
     custom = params.get("custom_params") if isinstance(params, dict) else None
-    if not isinstance(custom, dict) or custom.get(REQUEST_W_MAX_PARAM) is None:
+    return custom if isinstance(custom, dict) else None
+
+
+def check_w_max_override(tokenizer_manager, obj, *args, **kwargs) -> None:
+    custom = _custom_params(obj)
+    if custom is None or custom.get(REQUEST_W_MAX_PARAM) is None:
         return
     from nanospec_server.admin.routes import w_max_problem
 
@@ -59,9 +65,8 @@ def check_w_max_override(tokenizer_manager, obj, *args, **kwargs) -> None:
 
 def check_stats_every_chunk(tokenizer_manager, obj, *args, **kwargs) -> None:
     """`custom_params.nanospec_stats_every_chunk` is a bool or absent."""
-    params = getattr(obj, "sampling_params", None)
-    custom = params.get("custom_params") if isinstance(params, dict) else None
-    if not isinstance(custom, dict) or REQUEST_STATS_EVERY_CHUNK_PARAM not in custom:
+    custom = _custom_params(obj)
+    if custom is None or REQUEST_STATS_EVERY_CHUNK_PARAM not in custom:
         return
     if not isinstance(custom[REQUEST_STATS_EVERY_CHUNK_PARAM], bool):
         raise ValueError(f"custom_params.{REQUEST_STATS_EVERY_CHUNK_PARAM}: must be true or false")

@@ -4,8 +4,8 @@ SGLang lets a `SchedulerOutputStreamer` subclass add fields to each emitted chun
 scheduler picks the class through `Scheduler.get_output_streamer_class`, which our hook
 replaces. The statistics are read from the device here. SGLang's tokenizer manager sends a
 streamed request every snapshot so far with each chunk, so a snapshot per chunk would cost
-a device read per step and a reply quadratic in its length (under load its JSON took a
-core from the scheduler): a streamed request gets its snapshot on its last chunk, or on
+a device read per step and a reply quadratic in its length, serialised on the host the
+scheduler decodes on: a streamed request gets its snapshot on its last chunk, or on
 every chunk when it asks (`custom_params.nanospec_stats_every_chunk`). A reply that is
 not streamed gets one each time SGLang emits it internally (every ~50 tokens) and at its
 end. Every batch passes through `stream_output`, which is where the running requests are
