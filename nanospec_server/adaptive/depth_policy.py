@@ -3,6 +3,7 @@ the record of a step it observes (no SGLang import)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,6 +26,20 @@ class StepRecord:
     depth: int
     path: str
     seconds: float | None
+    caught_up: int = 0  # positions the draft caught up on in the step (a catch-up step)
+
+
+@dataclass(frozen=True)
+class CatchUpDebt:
+    """What drafting again would cost the batch first, and what it could win it back on:
+    the positions its draft must catch up on, and the tokens its requests may still decode
+    (each counted up to a horizon)."""
+
+    positions: int
+    tokens_left: int
+
+
+NO_DEBT = CatchUpDebt(0, 0)
 
 
 @runtime_checkable
@@ -53,3 +68,7 @@ class DepthPolicy(Protocol):
 
     def published(self) -> dict[str, Any]:
         """The policy's own fields of ``/stats/vocab.adaptive``."""
+
+    def price_catch_up(self, debt: Callable[[int], CatchUpDebt]) -> None:
+        """Where to read the batch's catch-up debt from (asked with the batch size, only
+        when a decision would leave depth 0: reading it scans the batch's KV slots)."""

@@ -3,10 +3,11 @@ a depth is pinned: the fixed behaviour, behind the same extension point as goodp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from nanospec_server.adaptive.depth_policy import StepRecord
+from nanospec_server.adaptive.depth_policy import CatchUpDebt, StepRecord
 from nanospec_server.adaptive.policy import AcceptanceEstimate, Decision
 
 
@@ -40,6 +41,9 @@ class FixedDepthPolicy:
 
     def observe_acceptance(self, accepted: list[int], depth: int) -> None:
         self.acceptance.observe(accepted, depth)
+
+    def price_catch_up(self, debt: Callable[[int], CatchUpDebt]) -> None:
+        pass  # the depth does not depend on cost
 
     def published(self) -> dict[str, Any]:
         return {

@@ -19,13 +19,14 @@ No SGLang import: ``sglang_plugin/spec/adaptive.py`` wires this into SGLang's st
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from nanospec_server.adaptive.depth_policy import StepRecord
+    from nanospec_server.adaptive.depth_policy import CatchUpDebt, StepRecord
 
 # T(b, k) = c0 + c1*b + c2*k + c3*b*k: a fixed cost per step, a cost per request (the
 # verify of its root token and the draft extend), a cost per draft step (weights read once
@@ -58,7 +59,8 @@ class StepCostModel:
     line ``T0(b) = a0 + a1*b`` (a plain step is not a verify of one token: a different
     attention path and sampler), which ``predict(b, 0)`` answers with once it has them.
     Catch-up steps are kept apart (``catch_up_ms``): a switch from depth 0 to drafting pays
-    one, which the policy's hysteresis, not the per-step fit, accounts for.
+    one, which the policy weighs against what drafting wins (``seconds_per_position``),
+    not the per-step fit.
 
     Ready once two depths are timed ``min_samples`` times each: the policy times the cheap
     depth (0) and the deep one that often, each after its warm-up step, and probes keep
@@ -74,20 +76,31 @@ class StepCostModel:
     min_samples: int = 3
     refit_every: int = 8
     samples: deque = field(default_factory=deque)
+    catch_ups: deque = field(default_factory=lambda: deque(maxlen=32))  # (b, seconds, positions)
     warmed: set = field(default_factory=set)  # (depth, cell) whose first step has run
     _coef: np.ndarray | None = None
     _plain_coef: np.ndarray | None = None
     _since_fit: int = 0
 
-    def observe(self, batch_size: int, depth: int, seconds: float, cell: str = VERIFY_CELL):
+    def observe(
+        self,
+        batch_size: int,
+        depth: int,
+        seconds: float,
+        cell: str = VERIFY_CELL,
+        caught_up: int = 0,
+    ) -> None:
         """The first step at each depth (and cell) is a warm-up, not a timing: it pays
         one-time costs (first kernel calls, allocations; seconds for a bf16 draft on a CPU),
         and a single such timing of the deep depth kept a fresh server at depth 0 for
-        hundreds of steps, its probes climbing one depth at a time."""
+        hundreds of steps, its probes climbing one depth at a time. ``caught_up``: the
+        positions a catch-up step ran the draft over."""
         if (depth, cell) not in self.warmed:
             self.warmed.add((depth, cell))
             return
         self.samples.append((batch_size, depth, seconds, cell))
+        if cell == CATCH_UP_CELL and caught_up > 0:
+            self.catch_ups.append((batch_size, seconds, caught_up))
         while len(self.samples) > self.window:
             self.samples.popleft()
         self._since_fit += 1
@@ -144,6 +157,17 @@ class StepCostModel:
         """The median catch-up step, in milliseconds (None: none timed)."""
         times = [t for _, _, t, cell in self.samples if cell == CATCH_UP_CELL]
         return round(1000 * float(np.median(times)), 3) if times else None
+
+    def seconds_per_position(self) -> float:
+        """What the draft's catch-up costs per position: the median, over the timed
+        catch-up steps, of their time beyond a plain step of their batch size per position
+        caught up. Until one is timed, what the speculative fit prices a drafted token at
+        (``c3``: a draft forward of one token and the target's verify of it, more than the
+        catch-up's draft forward over it)."""
+        per_position = [max(t - self.predict(b, 0), 0.0) / n for b, t, n in self.catch_ups]
+        if per_position:
+            return float(np.median(per_position))
+        return float(self.coefficients()[3])
 
 
 def _least_squares(samples: list[tuple[int, int, float]], features, width: int) -> np.ndarray:
@@ -204,7 +228,7 @@ class AcceptanceEstimate:
 @dataclass(frozen=True)
 class Decision:
     depth: int
-    reason: str  # "pinned", "fixed", "explore", "probe", "goodput" or "hold"
+    reason: str  # "pinned", "fixed", "explore", "probe", "goodput", "hold", "catch-up-cost"
     goodput: dict[int, float]  # predicted tokens/s per candidate depth (empty if unknown)
 
 
@@ -220,9 +244,14 @@ class GoodputPolicy:
     - Then it takes the depth of highest predicted goodput among the depths it trusts
       (timed, or between two timed drafting depths, at a batch size no larger than a
       drafting step was timed at: never one the fit extrapolates to), switching away from the
-      current one only for a gain of ``min_gain`` (``min_gain_leaving_plain`` from depth 0,
-      where drafting again first costs the draft's catch-up) seen on ``confirm_steps``
-      decisions in a row: the depth does not flip at a threshold, step after step.
+      current one only for a gain of ``min_gain`` (``min_gain_leaving_plain`` from depth 0)
+      seen on ``confirm_steps`` decisions in a row: the depth does not flip at a threshold,
+      step after step.
+    - It leaves depth 0 only if drafting wins back the draft's catch-up (the positions it
+      missed there, at the measured cost per position) over the tokens the batch may still
+      decode (``price_catch_up``): a STANDALONE draft that skipped a batch's prefills owes
+      a prefill's worth of draft forward, which a few drafting steps at the tail of a
+      load do not repay.
     - Every ``probe_every`` steps it runs one step at a neighbouring depth, so the cost
       model and, from depth 0, the acceptance estimate stay current. Under a steady load a
       probe that changes nothing doubles the interval (up to ``max_probe_every``); a new
@@ -245,6 +274,7 @@ class GoodputPolicy:
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     pinned: int | None = None  # a depth every step runs at (a live setting), if any
     steps: int = 0
+    debt: Callable[[int], CatchUpDebt] | None = None  # the batch's catch-up debt, if priced
     settled: int | None = None  # the last depth chosen on goodput (probes aside)
     _probe_up: bool = True
     _probe_interval: int = 0  # the interval in force (probe_every .. max_probe_every)
@@ -297,7 +327,7 @@ class GoodputPolicy:
             # The fit cannot split a per-request cost between depths it has timed at
             # smaller batches only: time the cheap depth at this size before trusting it.
             return Decision(shallowest, "probe", predicted)
-        chosen, reason = self._settle(_argmax(predicted), predicted)
+        chosen, reason = self._settle(_argmax(predicted), predicted, batch_size)
         if not _steady(batch_size, self._batch_at_probe):  # another load: probe as at first
             self._probe_interval = self.probe_every
             self._next_probe = min(self._next_probe, self.steps + self.probe_every)
@@ -310,14 +340,13 @@ class GoodputPolicy:
             return Decision(self._neighbour(chosen), "probe", predicted)
         return Decision(chosen, reason, predicted)
 
-    def _settle(self, best: int, predicted: dict[int, float]) -> tuple[int, str]:
+    def _settle(self, best: int, predicted: dict[int, float], batch_size: int) -> tuple[int, str]:
         """Hysteresis: the settled depth holds unless ``best`` beats it by ``min_gain`` on
-        ``confirm_steps`` decisions in a row."""
+        ``confirm_steps`` decisions in a row (and, from depth 0, repays its catch-up)."""
         held = self.settled
         if held is None or held not in predicted:
             self._moved(best)
             return best, "goodput"
-        # Leaving depth 0 costs the draft's catch-up on every position it missed there.
         gain = self.min_gain_leaving_plain if held == 0 else self.min_gain
         if best != held and predicted[best] > predicted[held] * (1 + gain):
             if best == self._challenger:
@@ -325,11 +354,30 @@ class GoodputPolicy:
             else:
                 self._challenger, self._challenges = best, 1
             if self._challenges >= self.confirm_steps:
+                if held == 0 and not self._repays_catch_up(batch_size, best, predicted):
+                    self._challenger, self._challenges = None, 0
+                    return held, "catch-up-cost"
                 self._moved(best)
                 return best, "goodput"
         else:
             self._challenger, self._challenges = None, 0
         return held, "hold"
+
+    def _repays_catch_up(self, batch_size: int, depth: int, predicted: dict[int, float]) -> bool:
+        """Whether drafting at ``depth`` saves more time over the tokens the batch may still
+        decode (1/goodput per token, at depth 0 against ``depth``) than the catch-up costs
+        before its first drafting step."""
+        if self.debt is None:
+            return True
+        debt = self.debt(batch_size)
+        if debt.positions == 0:
+            return True
+        cost = debt.positions * self.cost.seconds_per_position()
+        saved = debt.tokens_left * (1 / predicted[0] - 1 / predicted[depth])
+        return saved > cost
+
+    def price_catch_up(self, debt: Callable[[int], CatchUpDebt]) -> None:
+        self.debt = debt
 
     def _moved(self, depth: int) -> None:
         if depth != self.settled:  # a new regime: probe at the base rate again
@@ -351,7 +399,9 @@ class GoodputPolicy:
     def observe_step(self, record: StepRecord) -> None:
         if record.seconds is not None:
             cell = record.path if record.path in (PLAIN_CELL, CATCH_UP_CELL) else VERIFY_CELL
-            self.cost.observe(record.batch_size, record.depth, record.seconds, cell)
+            self.cost.observe(
+                record.batch_size, record.depth, record.seconds, cell, record.caught_up
+            )
 
     def observe_acceptance(self, accepted: list[int], depth: int) -> None:
         self.acceptance.observe(accepted, depth)
@@ -370,6 +420,9 @@ class GoodputPolicy:
             if plain is not None
             else None,
             "catch_up_step_ms": self.cost.catch_up_ms(),
+            "catch_up_ms_per_position": round(1000 * self.cost.seconds_per_position(), 4)
+            if ready
+            else None,
             "trusted_depths": self.trusted(),  # at the batch sizes timed
             "probe_interval": self._probe_interval,
         }

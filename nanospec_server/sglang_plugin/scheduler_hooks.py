@@ -38,7 +38,10 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
     if not server_args.speculative_algorithm:
         seams.apply()
         return
+    from nanospec_server.sglang_plugin.spec.step_context import current
     from nanospec_server.sglang_plugin.stats import live_settings, metrics, output_streamer
+
+    current().scheduler = scheduler  # read once built: how many requests wait to join
 
     if server_args.enable_metrics:
         metrics.enable(metrics.worker_name(server_args.host, server_args.port))

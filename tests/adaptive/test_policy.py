@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nanospec_server.adaptive.depth_policy import CatchUpDebt
 from nanospec_server.adaptive.policy import (
     CATCH_UP_CELL,
     PLAIN_CELL,
@@ -366,3 +367,52 @@ def test_the_fit_never_makes_a_step_cheaper_with_more_requests_or_drafts(timings
     for b, k, seconds in timings * 2:
         model.observe(b, k, seconds)
     assert (model.coefficients() >= 0).all()
+
+
+def test_a_catch_up_is_priced_per_position_beyond_a_plain_step() -> None:
+    """Until a catch-up step is timed, a caught-up position costs what the speculative fit
+    prices a drafted token at; then the median excess over a plain step per position."""
+    model = exact_cost_model(np.array([0.080, 0.003, 0.020, 0.004]), [1, 3], [1, 2, 4, 8])
+    assert model.seconds_per_position() == pytest.approx(0.004)
+    for b in (2, 2, 4, 4, 4):  # the first is a warm-up
+        model.observe(b, 0, 0.050 + 0.002 * b, PLAIN_CELL)
+        model.observe(b, 0, 0.050 + 0.002 * b + 0.0015 * 100 * b, CATCH_UP_CELL, 100 * b)
+    assert model.seconds_per_position() == pytest.approx(0.0015)
+
+
+def settled_at_depth_0(debt: CatchUpDebt) -> GoodputPolicy:
+    """A host where drafting pays at batch 2 by ~45%, the batch at depth 0 owing ``debt``."""
+    policy = ready_policy(CPU_HOST, 0.8, [0, 1, 2, 3])
+    policy.settled = 0
+    policy.price_catch_up(lambda batch_size: debt)
+    return policy
+
+
+def test_depth_0_is_left_only_when_drafting_repays_the_catch_up() -> None:
+    """Two requests with 16 tokens to go do not repay 4,000 positions of draft forward (at
+    ~10 ms each) with ~45% more tokens per second; with 256 to go and 20 owed they do."""
+    assert host_best_depth(CPU_HOST, 0.8, 2, [0, 1, 2, 3]) > 0
+    stay = settled_at_depth_0(CatchUpDebt(positions=4000, tokens_left=32))
+    decisions = [stay.choose(2) for _ in range(6)]
+    assert {d.depth for d in decisions} == {0}
+    assert decisions[-1].reason == "catch-up-cost"
+    leave = settled_at_depth_0(CatchUpDebt(positions=20, tokens_left=512))
+    assert [leave.choose(2).depth for _ in range(3)][-1] > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 20_000), st.integers(0, 2_000), st.integers(1, 16))
+def test_leaving_depth_0_weighs_the_debt_as_priced(positions, tokens_left, batch_size) -> None:
+    """The rule against its arithmetic: leave when the time saved over the tokens left
+    (1/goodput per token) exceeds positions x cost per position, else hold."""
+    policy = settled_at_depth_0(CatchUpDebt(positions, tokens_left))
+    for _ in range(policy.confirm_steps):
+        decision = policy.choose(batch_size)
+    predicted = decision.goodput
+    best = max(predicted, key=lambda k: (predicted[k], -k))
+    if best == 0 or predicted[best] <= predicted[0] * (1 + policy.min_gain_leaving_plain):
+        assert decision.depth == 0 and decision.reason == "hold"
+        return
+    saved = tokens_left * (1 / predicted[0] - 1 / predicted[best])
+    repaid = positions == 0 or saved > positions * policy.cost.seconds_per_position()
+    assert decision.depth == (best if repaid else 0)

@@ -49,10 +49,12 @@ from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from nanospec_server import seams
 from nanospec_server.adaptive.depth_policy import (
+    NO_DEBT,
     PLAIN,
     PLAIN_CATCH_UP,
     VERIFY,
     VERIFY_WITHOUT_EXTEND,
+    CatchUpDebt,
     DepthPolicy,
     StepRecord,
 )
@@ -69,6 +71,9 @@ logger = logging.getLogger(__name__)
 RECENT_STEPS = 64  # steps /stats/vocab lists, newest last
 SKIP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 CUDA_TIME_EVERY = 8  # on a GPU a timed step costs two host syncs: time one step in 8
+# The tokens per request a catch-up must be repaid within: a request's max_new_tokens bounds
+# what it still decodes, but a chat reply mostly ends at its stop token well before.
+REPAY_HORIZON = 128
 
 
 class PolicyAdapter:
@@ -121,6 +126,8 @@ class AdaptiveState:
     steps_by_batch_size: Counter = field(default_factory=Counter)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     last_decode_reqs: list = field(default_factory=list)  # the requests of the last decode step
+    batch: object | None = None  # the decode batch of the step running now
+    caught_up: int = 0  # positions the draft caught up on in the step running now
     timed_steps: int = 0
     extends_skipped: int = 0  # depth-0 steps that ran without the draft extend
     plain_steps: int = 0  # depth-0 steps that ran SGLang's plain decode path
@@ -137,7 +144,19 @@ class AdaptiveState:
         entry["step_ms"] = round(1000 * seconds, 3) if seconds is not None else None
         self.recent.append(entry)
         if self.policy is not None:
-            self.policy.observe_step(StepRecord(batch_size, depth, self.path, seconds))
+            record = StepRecord(batch_size, depth, self.path, seconds, self.caught_up)
+            self.policy.observe_step(record)
+
+    def catch_up_debt(self, batch_size: int) -> CatchUpDebt:
+        """The running batch's catch-up debt: the positions its draft would run over before
+        drafting, and the tokens its requests may still decode (each up to
+        ``REPAY_HORIZON``)."""
+        batch = self.batch
+        if self.catch_up is None or batch is None:
+            return NO_DEBT
+        positions = self.catch_up.owed(self.worker, batch)
+        tokens_left = sum(min(_tokens_left(req), REPAY_HORIZON) for req in batch.reqs)
+        return CatchUpDebt(positions, tokens_left)
 
     def next_step_drafts(self, batch_size: int) -> bool:
         """Decide the next step's depth now (it runs at it): does it draft?"""
@@ -210,6 +229,7 @@ def install(worker, config: NanoSpecConfig) -> None:
         num_slots = int(allocator.size) + 2 * int(allocator.page_size)
         keeps_hidden = not worker.speculative_algorithm.is_standalone()
         state.catch_up = DraftCatchUp(num_slots, worker.device, keeps_hidden)
+        policy.price_catch_up(state.catch_up_debt)
     context.adaptive = state
     controller = AdaptiveController(worker, PolicyAdapter(policy, state))
     with draft_tp_context(worker._draft_worker.parallel_layout):  # as SGLang builds its own
@@ -236,6 +256,12 @@ def unsupported_reason(server_args) -> str | None:
     if resolving.enable_pdmux:
         return "--enable-pdmux"
     return None
+
+
+def _tokens_left(req) -> int:
+    """What a request may still decode (its max_new_tokens, or the horizon if unset)."""
+    limit = req.sampling_params.max_new_tokens
+    return REPAY_HORIZON if limit is None else max(limit - len(req.output_ids), 0)
 
 
 def _current_state(worker) -> SpecRuntimeState:
@@ -275,6 +301,7 @@ def timed_forward(original, worker, batch, *args, **kwargs):
     timed = not cuda or state.timed_steps % CUDA_TIME_EVERY == 0
     state.timed_steps += 1
     state.path = VERIFY
+    state.batch, state.caught_up = batch, 0
     if timed and cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -290,6 +317,7 @@ def timed_forward(original, worker, batch, *args, **kwargs):
     if worker.speculative_num_steps == 0 and LAST_VERIFY.verifies != verifies:
         state.depth_0_verifies += 1
     state.record(batch.seq_lens.shape[0], worker.speculative_num_steps, seconds)
+    state.batch = None
     return result
 
 
@@ -346,6 +374,7 @@ def _catch_up(worker, batch, result, state: AdaptiveState, plan) -> None:
     ):
         draft_input, lengths = state.catch_up.run(worker, batch, plan, result.next_token_ids)
     runtime.stats.record_catch_up(batch.req_pool_indices.to(torch.int64), lengths)
+    state.caught_up = int(lengths.sum())
     following = result.next_draft_input
     following.topk_p, following.topk_index = draft_input.topk_p, draft_input.topk_index
     following.hidden_states = draft_input.hidden_states
@@ -374,8 +403,9 @@ def extend_skipped(batch, batch_output) -> bool:
 
 def prefill_topk_skipped(batch) -> bool:
     """Whether this prefill goes without NanoSpec's top-K_pre: when the batch its requests
-    join (them, plus the last decode step's requests) would run at depth 0, as a fresh
-    decision of our policy predicts it (or it is pinned there). Those top-K_pre are a
+    join (them, the last decode step's requests and those waiting to be prefilled: a burst
+    of arrivals is prefilled a chunk at a time) would run at depth 0, as a fresh decision
+    of our policy predicts it (or it is pinned there). Those top-K_pre are a
     full-vocabulary LM head over every prompt position, most of what a speculative server
     adds to a short request's cost under load (~4 ms per prompt token for a 152k x 896
     head on one core). A request prefilled so drafts from its prompt's tokens and the
@@ -386,7 +416,9 @@ def prefill_topk_skipped(batch) -> bool:
     # The requests of the last decode step still running (the step's size counted the
     # ones that have finished since: a lone request's successor joined a batch of 2).
     running = sum(1 for req in state.last_decode_reqs if not req.finished())
-    if state.policy.predicted_best(running + len(batch.reqs)) != 0:  # None: not ready yet
+    scheduler = current().scheduler
+    waiting = len(getattr(scheduler, "waiting_queue", ()))
+    if state.policy.predicted_best(running + len(batch.reqs) + waiting) != 0:  # None: not ready
         return False
     state.prefill_topks_skipped += 1
     return True

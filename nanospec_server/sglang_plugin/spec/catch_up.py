@@ -198,6 +198,20 @@ class DraftCatchUp:
             stops.append(min(end, start + self.chunk - 1))
         return Plan(starts, stops, ends)
 
+    def owed(self, worker, batch) -> int:
+        """The positions a catch-up would run the draft over, summed over the batch's
+        requests, beyond the step's own token (what a per-step extend runs anyway). Changes
+        nothing."""
+        ends = batch.seq_lens.tolist()
+        first = self._first_stale(worker, batch.req_pool_indices, ends)
+        owed = 0
+        for req, start, end in zip(batch.reqs, first, ends, strict=True):
+            if self.keeps_hidden:  # positions without a kept hidden state stay stale
+                kept = self.kept.get(req.rid)
+                start = max(start, kept.first if kept is not None else end)
+            owed += max(end - start, 0)
+        return owed
+
     def _count_left_stale(self, rid: str, start: int, stop: int) -> None:
         """Positions ``start`` .. ``stop - 1`` of a request stay stale: count each once
         (every later plan skips them again)."""

@@ -2,7 +2,8 @@
 
 SGLang calls our hooks with its own arguments only, so they cannot be handed this object;
 each looks it up with `current()`. The draft worker sets the runtime when it builds its LM
-head, adaptive speculation its state once the worker's graphs exist.
+head, adaptive speculation its state once the worker's graphs exist, the scheduler hooks
+the scheduler as it starts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 class StepContext:
     runtime: NanoSpecRuntime | None = None  # None: this process runs no NanoSpec draft worker
     adaptive: AdaptiveState | None = None  # None: no speculative worker installed yet
+    scheduler: object | None = None  # SGLang's Scheduler (its waiting queue), once built
 
 
 _CONTEXT = StepContext()

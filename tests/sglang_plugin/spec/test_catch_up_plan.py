@@ -3,7 +3,7 @@
 The plan of each request starts at its first position whose draft KV is not valid, ends at
 its step's token, takes at most a chunk, and for an EAGLE draft starts no earlier than the
 first kept hidden state; positions it must leave stale are counted once, however many
-steps plan over them."""
+steps plan over them; the positions owed (what the policy prices) are the plan's."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ def test_plan_matches_a_plain_reading(requests, chunk, keeps_hidden):
     for req, (end, _, first) in zip(batch.reqs, requests, strict=True):
         if first <= end:  # none kept: only the step's own token can be caught up
             catch_up.kept[req.rid] = KeptHidden(first)
+    owed = catch_up.owed(worker, batch)
     plan = catch_up.plan(worker, batch)
     plan_again = catch_up.plan(worker, batch)
 
@@ -66,4 +67,6 @@ def test_plan_matches_a_plain_reading(requests, chunk, keeps_hidden):
         assert plan.start[i] == start and plan.end[i] == end
         assert plan.stop[i] == min(end, start + chunk - 1)
     assert plan_again == plan
+    # what the policy prices: every planned position but the step's own token, all chunks
+    assert owed == sum(end - start for start, end in zip(plan.start, plan.end, strict=True))
     assert catch_up.positions_left_stale == left_stale  # counted once over two plans
