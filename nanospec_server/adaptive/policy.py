@@ -50,10 +50,14 @@ def plain_features(batch_size: int) -> np.ndarray:
 
 @dataclass
 class StepCostModel:
-    """Least squares over the most recent ``window`` timed steps (a host's speed drifts
-    with its load, so old timings age out), fitted to the median time of each (batch size,
-    depth) seen: on a shared host single steps stall for whole scheduler slices, and a
-    median shrugs those off where a mean would chase them.
+    """Least squares over the most recent ``window`` timed steps of each depth and path (a
+    host's speed drifts with its load, so old timings age out; per depth, so that a depth
+    the policy visits rarely keeps its timings however many steps run at another: with one
+    window for all, a server settled at depth 0 under a steady load, probing every 512
+    steps, lost its drafting timings, and the model fell back to exploring, a catch-up and
+    deep steps at a large batch), fitted to the median time of each (batch size, depth)
+    seen: on a shared host single steps stall for whole scheduler slices, and a median
+    shrugs those off where a mean would chase them.
 
     Speculative steps fit ``T(b, k)``; depth-0 steps on the plain decode path fit their own
     line ``T0(b) = a0 + a1*b`` (a plain step is not a verify of one token: a different
@@ -72,10 +76,10 @@ class StepCostModel:
     still predicts exactly there and spreads its guess for other sizes over the per-step
     and per-request terms. The fit is cached and redone every ``refit_every`` timings."""
 
-    window: int = 256
+    window: int = 64  # per depth and path
     min_samples: int = 3
     refit_every: int = 8
-    samples: deque = field(default_factory=deque)
+    _timings: dict = field(default_factory=dict)  # (depth, cell) -> deque of (b, seconds)
     catch_ups: deque = field(default_factory=lambda: deque(maxlen=32))  # (b, seconds, positions)
     warmed: set = field(default_factory=set)  # (depth, cell) whose first step has run
     _coef: np.ndarray | None = None
@@ -98,14 +102,18 @@ class StepCostModel:
         if (depth, cell) not in self.warmed:
             self.warmed.add((depth, cell))
             return
-        self.samples.append((batch_size, depth, seconds, cell))
+        timings = self._timings.setdefault((depth, cell), deque(maxlen=self.window))
+        timings.append((batch_size, seconds))
         if cell == CATCH_UP_CELL and caught_up > 0:
             self.catch_ups.append((batch_size, seconds, caught_up))
-        while len(self.samples) > self.window:
-            self.samples.popleft()
         self._since_fit += 1
         if self._coef is None or self._since_fit >= self.refit_every:
             self._coef = self._plain_coef = None
+
+    @property
+    def samples(self) -> list[tuple[int, int, float, str]]:
+        """Every timing kept: (batch size, depth, seconds, cell)."""
+        return [(b, k, t, cell) for (k, cell), timings in self._timings.items() for b, t in timings]
 
     def timings_per_depth(self) -> dict[int, int]:
         counts: dict[int, int] = {}
@@ -253,7 +261,8 @@ class GoodputPolicy:
       a prefill's worth of draft forward, which a few drafting steps at the tail of a
       load do not repay.
     - Every ``probe_every`` steps it runs one step at a neighbouring depth, so the cost
-      model and, from depth 0, the acceptance estimate stay current. Under a steady load a
+      model and, from depth 0, the acceptance estimate stay current; not up from depth 0
+      when no draft could repay the batch's catch-up (the probe could change nothing). Under a steady load a
       probe that changes nothing doubles the interval (up to ``max_probe_every``); a new
       settled depth, or a batch size a third off the last probe's, brings it back.
     - A batch larger than any timed at depth 0 runs at depth 0 first (a probe): the cheap
@@ -337,6 +346,8 @@ class GoodputPolicy:
                 self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
             self._settled_at_probe, self._batch_at_probe = chosen, batch_size
             self._next_probe = self.steps + self._probe_interval
+            if chosen == 0 and not self._catch_up_repayable(batch_size):
+                return Decision(chosen, "catch-up-cost", predicted)
             return Decision(self._neighbour(chosen), "probe", predicted)
         return Decision(chosen, reason, predicted)
 
@@ -375,6 +386,19 @@ class GoodputPolicy:
         cost = debt.positions * self.cost.seconds_per_position()
         saved = debt.tokens_left * (1 / predicted[0] - 1 / predicted[depth])
         return saved > cost
+
+    def _catch_up_repayable(self, batch_size: int) -> bool:
+        """Whether any draft could repay the batch's catch-up: one always right at the
+        deepest depth, its steps costing what plain ones do, saves a fraction 1 - 1/(k+1)
+        of the plain time of the tokens left. If not, a probe up from depth 0 (a drafting
+        step over the stale draft cache) could not change the depth: it is skipped."""
+        if self.debt is None:
+            return True
+        debt = self.debt(batch_size)
+        if debt.positions == 0:
+            return True
+        best_saving = debt.tokens_left * (1 - 1 / (self.deepest + 1)) / self.goodput(batch_size, 0)
+        return best_saving > debt.positions * self.cost.seconds_per_position()
 
     def price_catch_up(self, debt: Callable[[int], CatchUpDebt]) -> None:
         self.debt = debt

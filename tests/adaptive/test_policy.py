@@ -41,12 +41,24 @@ def test_cost_model_recovers_a_linear_host(coef, batch_size, depth) -> None:
 
 
 def test_cost_model_forgets_old_timings() -> None:
-    model = StepCostModel(window=8)
-    for k in (0, 1, 2, 3) * 2:
+    model = StepCostModel(window=3)
+    for k in (0, 1, 2, 3) * 4:
         model.observe(1, k, 1.0)  # a slow host ...
-    for k in (0, 1, 2, 3) * 2:
+    for k in (0, 1, 2, 3) * 3:
         model.observe(1, k, 0.1)  # ... that got fast: only these remain
     assert model.predict(1, 2) == pytest.approx(0.1)
+
+
+def test_a_rarely_visited_depth_keeps_its_timings() -> None:
+    """Thousands of depth-0 steps between two probes do not push a drafting depth's
+    timings out: the model stays ready, and its drafting line stays where it was timed."""
+    model = StepCostModel(window=8)
+    for k in (0, 4) * 4:
+        model.observe(2, k, 0.1 + 0.05 * k)
+    for _ in range(1000):
+        model.observe(2, 0, 0.1)
+    assert model.ready and model.timings_per_depth() == {0: 8, 4: 3}
+    assert model.predict(2, 4) == pytest.approx(0.3)
 
 
 def test_cost_model_needs_two_depths_timed_often() -> None:
@@ -323,7 +335,7 @@ def test_one_stalled_timing_of_a_depth_does_not_keep_the_policy_off_it() -> None
         if depth == 4 and (4, "verify") in policy.cost.warmed and not stalled_once:
             seconds, stalled_once = 10 * seconds, True
         policy.cost.observe(1, depth, seconds)
-    assert stalled_once and len(policy.cost.samples) < policy.cost.window  # still in the fit
+    assert stalled_once and policy.cost.timings_per_depth()[4] < policy.cost.window  # in the fit
     assert policy.settled == host_best_depth(CPU_HOST, p, 1, candidates)
 
 
@@ -380,9 +392,9 @@ def test_a_catch_up_is_priced_per_position_beyond_a_plain_step() -> None:
     assert model.seconds_per_position() == pytest.approx(0.0015)
 
 
-def settled_at_depth_0(debt: CatchUpDebt) -> GoodputPolicy:
+def settled_at_depth_0(debt: CatchUpDebt, **kw) -> GoodputPolicy:
     """A host where drafting pays at batch 2 by ~45%, the batch at depth 0 owing ``debt``."""
-    policy = ready_policy(CPU_HOST, 0.8, [0, 1, 2, 3])
+    policy = ready_policy(CPU_HOST, 0.8, [0, 1, 2, 3], **kw)
     policy.settled = 0
     policy.price_catch_up(lambda batch_size: debt)
     return policy
@@ -416,3 +428,16 @@ def test_leaving_depth_0_weighs_the_debt_as_priced(positions, tokens_left, batch
     saved = tokens_left * (1 / predicted[0] - 1 / predicted[best])
     repaid = positions == 0 or saved > positions * policy.cost.seconds_per_position()
     assert decision.depth == (best if repaid else 0)
+
+
+def test_no_probe_up_from_depth_0_when_no_draft_could_repay_the_catch_up() -> None:
+    """A probe drafts one step over the stale draft cache to learn whether drafting pays;
+    where even a draft always right could not repay the debt, it could change nothing."""
+
+    def probes(debt: CatchUpDebt) -> list[Decision]:
+        policy = settled_at_depth_0(debt, probe_every=32)
+        return [d for d in (policy.choose(16) for _ in range(300)) if d.reason == "probe"]
+
+    assert probes(CatchUpDebt(positions=0, tokens_left=2048))
+    assert probes(CatchUpDebt(positions=10, tokens_left=2048))
+    assert not probes(CatchUpDebt(positions=50_000, tokens_left=2048))
