@@ -69,6 +69,10 @@ class DepthPolicy(Protocol):
     def published(self) -> dict[str, Any]:
         """The policy's own fields of ``/stats/vocab.adaptive``."""
 
+    def always_drafts(self) -> bool:
+        """Whether every step drafts (a fixed or pinned drafting depth): prefill work
+        deferred to a request's first drafting step would then only cost a step."""
+
     def price_catch_up(self, debt: Callable[[int], CatchUpDebt]) -> None:
         """Where to read the batch's catch-up debt from (asked with the batch size, only
         when a decision would leave depth 0: reading it scans the batch's KV slots)."""

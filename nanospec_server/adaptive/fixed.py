@@ -42,6 +42,9 @@ class FixedDepthPolicy:
     def observe_acceptance(self, accepted: list[int], depth: int) -> None:
         self.acceptance.observe(accepted, depth)
 
+    def always_drafts(self) -> bool:
+        return self.choose(0).depth > 0
+
     def price_catch_up(self, debt: Callable[[int], CatchUpDebt]) -> None:
         pass  # the depth does not depend on cost
 

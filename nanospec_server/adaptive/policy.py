@@ -38,6 +38,7 @@ FEATURES = 4
 # catch-up over the tokens it missed (timed apart, so that neither inflates the other).
 # They are named as the paths a step takes (`depth_policy.py`).
 VERIFY_CELL, PLAIN_CELL, CATCH_UP_CELL = "verify", "plain", "plain-catch-up"
+PRICED_CATCH_UP = 32  # positions a catch-up step runs, at least, to price one position
 
 
 def step_features(batch_size: int, depth: int) -> np.ndarray:
@@ -50,14 +51,16 @@ def plain_features(batch_size: int) -> np.ndarray:
 
 @dataclass
 class StepCostModel:
-    """Least squares over the most recent ``window`` timed steps of each depth and path (a
-    host's speed drifts with its load, so old timings age out; per depth, so that a depth
-    the policy visits rarely keeps its timings however many steps run at another: with one
-    window for all, a server settled at depth 0 under a steady load, probing every 512
-    steps, lost its drafting timings, and the model fell back to exploring, a catch-up and
-    deep steps at a large batch), fitted to the median time of each (batch size, depth)
-    seen: on a shared host single steps stall for whole scheduler slices, and a median
-    shrugs those off where a mean would chase them.
+    """Least squares over the median time of each (batch size, depth, path) timed, each
+    over its most recent ``window`` timings: a host's speed drifts with its load, so old
+    timings age out, but only behind newer ones of the same batch size, depth and path. A
+    depth the policy visits rarely (a drafting depth probed every 512 steps under a steady
+    load at depth 0) keeps its timings however many steps run at another (losing them
+    would send the model back to exploring: a catch-up and deep steps at a large batch),
+    and a long load at large batches does not erase the small ones (a line fitted to
+    batch 20-32 alone priced a plain step at batch 1 at a seventh of its time). On a
+    shared host single steps stall for whole scheduler slices; a median shrugs those off
+    where a mean would chase them.
 
     Speculative steps fit ``T(b, k)``; depth-0 steps on the plain decode path fit their own
     line ``T0(b) = a0 + a1*b`` (a plain step is not a verify of one token: a different
@@ -76,10 +79,10 @@ class StepCostModel:
     still predicts exactly there and spreads its guess for other sizes over the per-step
     and per-request terms. The fit is cached and redone every ``refit_every`` timings."""
 
-    window: int = 64  # per depth and path
+    window: int = 16  # timings per (batch size, depth, path)
     min_samples: int = 3
     refit_every: int = 8
-    _timings: dict = field(default_factory=dict)  # (depth, cell) -> deque of (b, seconds)
+    _timings: dict = field(default_factory=dict)  # (b, depth, cell) -> deque of seconds
     catch_ups: deque = field(default_factory=lambda: deque(maxlen=32))  # (b, seconds, positions)
     warmed: set = field(default_factory=set)  # (depth, cell) whose first step has run
     _coef: np.ndarray | None = None
@@ -102,8 +105,8 @@ class StepCostModel:
         if (depth, cell) not in self.warmed:
             self.warmed.add((depth, cell))
             return
-        timings = self._timings.setdefault((depth, cell), deque(maxlen=self.window))
-        timings.append((batch_size, seconds))
+        timings = self._timings.setdefault((batch_size, depth, cell), deque(maxlen=self.window))
+        timings.append(seconds)
         if cell == CATCH_UP_CELL and caught_up > 0:
             self.catch_ups.append((batch_size, seconds, caught_up))
         self._since_fit += 1
@@ -113,7 +116,7 @@ class StepCostModel:
     @property
     def samples(self) -> list[tuple[int, int, float, str]]:
         """Every timing kept: (batch size, depth, seconds, cell)."""
-        return [(b, k, t, cell) for (k, cell), timings in self._timings.items() for b, t in timings]
+        return [(b, k, t, cell) for (b, k, cell), timings in self._timings.items() for t in timings]
 
     def timings_per_depth(self) -> dict[int, int]:
         counts: dict[int, int] = {}
@@ -168,11 +171,18 @@ class StepCostModel:
 
     def seconds_per_position(self) -> float:
         """What the draft's catch-up costs per position: the median, over the timed
-        catch-up steps, of their time beyond a plain step of their batch size per position
-        caught up. Until one is timed, what the speculative fit prices a drafted token at
-        (``c3``: a draft forward of one token and the target's verify of it, more than the
-        catch-up's draft forward over it)."""
-        per_position = [max(t - self.predict(b, 0), 0.0) / n for b, t, n in self.catch_ups]
+        catch-up steps of at least ``PRICED_CATCH_UP`` positions, of their time beyond a
+        plain step of their batch size per position caught up (a short catch-up is mostly
+        the draft forward's fixed cost, and its excess over a plain step is within a plain
+        step's noise: priced per position, it made a catch-up of thousands look cheap).
+        Until one is timed, what the speculative fit prices a drafted token at (``c3``: a
+        draft forward of one token and the target's verify of it, more than the catch-up's
+        draft forward over it)."""
+        per_position = [
+            max(t - self.predict(b, 0), 0.0) / n
+            for b, t, n in self.catch_ups
+            if n >= PRICED_CATCH_UP
+        ]
         if per_position:
             return float(np.median(per_position))
         return float(self.coefficients()[3])
@@ -262,9 +272,10 @@ class GoodputPolicy:
       load do not repay.
     - Every ``probe_every`` steps it runs one step at a neighbouring depth, so the cost
       model and, from depth 0, the acceptance estimate stay current; not up from depth 0
-      when no draft could repay the batch's catch-up (the probe could change nothing). Under a steady load a
-      probe that changes nothing doubles the interval (up to ``max_probe_every``); a new
-      settled depth, or a batch size a third off the last probe's, brings it back.
+      when no draft could repay the batch's catch-up (the probe could change nothing).
+      Under a steady load a probe that changes nothing doubles the interval (up to
+      ``max_probe_every``); a new settled depth, or a batch size a third off the last
+      probe's, brings it back.
     - A batch larger than any timed at depth 0 runs at depth 0 first (a probe): the cheap
       step that a growing load most likely wants, and the timing that tells the fit how
       a request's cost grows without drafts.
@@ -402,6 +413,10 @@ class GoodputPolicy:
 
     def price_catch_up(self, debt: Callable[[int], CatchUpDebt]) -> None:
         self.debt = debt
+
+    def always_drafts(self) -> bool:
+        fixed = self._fixed()
+        return fixed is not None and fixed.depth > 0
 
     def _moved(self, depth: int) -> None:
         if depth != self.settled:  # a new regime: probe at the base rate again

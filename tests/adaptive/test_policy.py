@@ -61,6 +61,19 @@ def test_a_rarely_visited_depth_keeps_its_timings() -> None:
     assert model.predict(2, 4) == pytest.approx(0.3)
 
 
+def test_a_long_load_at_large_batches_keeps_the_small_ones() -> None:
+    """Hundreds of plain steps at batch 20-32 leave the line's timings at batch 1-4: the
+    fit still prices a plain step at batch 1 as timed there."""
+    model = StepCostModel()
+    for b in (1, 1, 2, 4) * 4:
+        model.observe(b, 0, 0.150 + 0.010 * b, PLAIN_CELL)
+    for step in range(600):
+        b = 20 + step % 13
+        model.observe(b, 0, 0.150 + 0.010 * b, PLAIN_CELL)
+    assert {1, 2, 4} <= {b for b, _, _, _ in model.samples}
+    assert model.predict(1, 0) == pytest.approx(0.160)
+
+
 def test_cost_model_needs_two_depths_timed_often() -> None:
     model = StepCostModel()
     for b in range(1, 9):
@@ -389,6 +402,9 @@ def test_a_catch_up_is_priced_per_position_beyond_a_plain_step() -> None:
     for b in (2, 2, 4, 4, 4):  # the first is a warm-up
         model.observe(b, 0, 0.050 + 0.002 * b, PLAIN_CELL)
         model.observe(b, 0, 0.050 + 0.002 * b + 0.0015 * 100 * b, CATCH_UP_CELL, 100 * b)
+    assert model.seconds_per_position() == pytest.approx(0.0015)
+    for _ in range(10):  # short catch-ups within a plain step's noise price nothing
+        model.observe(4, 0, 0.050 + 0.002 * 4 - 0.001, CATCH_UP_CELL, 8)
     assert model.seconds_per_position() == pytest.approx(0.0015)
 
 

@@ -119,9 +119,9 @@ def test_depth_zero_runs_leave_no_stale_state(serve, plain_server, kind: str) ->
     assert {"0", "3"} <= set(adaptive["steps_by_depth"]), adaptive
     # every depth-0 step but the last of each run (5 runs) went without the extend
     assert adaptive["extends_skipped"] >= adaptive["steps_by_depth"]["0"] - 5 > 0, adaptive
-    # pinned at depth 0 when it arrived, the request was prefilled without its top-K_pre:
-    # the second lap's drafts all come from the prompt's tokens and each step's top-K_ver
-    assert adaptive["prefill_topks_skipped"] == 1, adaptive
+    # pinned at depth 0 when it arrived, the request's top-K_pre waited for its first
+    # drafting step: the second lap's drafts all come from the window all the same
+    assert adaptive["prefills_deferred"] == 1 and adaptive["prefill_topks_skipped"] == 0
     assert refused.status_code == 400 and "adaptive_depth" in refused.text
     lap = [s for s in snapshots if s["emitted_tokens"] > CYCLE + 3][:-1]
     drafted = lap[-1]["drafted_tokens"] - lap[0]["drafted_tokens"]
@@ -262,4 +262,5 @@ def test_fixed_policy_drafts_the_launch_depth_and_is_lossless(serve, plain_outpu
     assert set(fixed["steps_by_depth"]) == {"3"}, fixed
     assert {step["reason"] for step in fixed["recent_steps"]} == {"fixed"}, fixed
     assert fixed["extends_skipped"] == 0 and fixed["prefill_topks_skipped"] == 0
+    assert fixed["prefills_deferred"] == 0  # every step drafts: nothing to wait for
     assert pinned["pinned_depth"] == 1 and "1" in pinned["steps_by_depth"], pinned

@@ -20,8 +20,10 @@ it. So a step that drafts always starts from a fresh extend (the draft's top-k, 
 state and the KV of the last token), while a run of depth-0 steps costs a plain decode
 each; the draft's KV cache lacks the tokens of the run but the last (lossless: the target
 verifies every draft; fewer drafts accepted while those positions stay in context).
-A prefill whose requests join a batch that the policy would run at depth 0 likewise skips
-NanoSpec's top-K_pre (`prefill_topk_skipped`). `--nanospec-adaptive-keep-extend` keeps
+A server that catches up defers each prefill's top-K_pre, and a STANDALONE draft's prefill,
+to the request's first drafting step (`prefill_deferred`); one that does not skips the
+top-K_pre of a prefill whose requests join a batch the policy would run at depth 0
+(`prefill_topk_skipped`). `--nanospec-adaptive-keep-extend` keeps
 every extend (an exact draft cache) and every top-K_pre. NanoSpec's `on_verify` (window
 append of the verified token and the target's top-K_ver) runs on every step either way
 (`window_update_without_extend`): the window state stays exact.
@@ -134,6 +136,7 @@ class AdaptiveState:
     depth_0_verifies: int = 0  # depth-0 steps that ran SGLang's verify (TARGET_VERIFY)
     verify_reasons: Counter = field(default_factory=Counter)  # depth-0 steps kept on verify
     prefill_topks_skipped: int = 0  # prefills that went without NanoSpec's top-K_pre
+    prefills_deferred: int = 0  # prefills whose top-K_pre wait for the first drafting step
     draft_prefills_skipped: int = 0  # prefills that went without the draft's (caught up later)
 
     def record(self, batch_size: int, depth: int, seconds: float | None) -> None:
@@ -182,6 +185,7 @@ class AdaptiveState:
                 self.catch_up.positions_left_stale if self.catch_up else 0
             ),
             "prefill_topks_skipped": self.prefill_topks_skipped,
+            "prefills_deferred": self.prefills_deferred,
             "draft_prefills_skipped": self.draft_prefills_skipped,
             "steps_by_depth": {str(k): v for k, v in sorted(self.steps_by_depth.items())},
             "steps_by_batch_size": {str(k): v for k, v in sorted(self.steps_by_batch_size.items())},
@@ -354,6 +358,8 @@ def _plain_depth_zero(worker, batch, state: AdaptiveState, on_publish):
     # the acceptance it measures errs low, towards plain decoding).
     probe = state.pending is not None and state.pending.reason == "probe"
     plan = catch_up.plan(worker, batch) if catch_up is not None and not probe else None
+    if not probe:  # a probe drafts without them: a top-K_pre over the batch for one step
+        worker.draft_worker.nanospec.append_deferred_topk(batch)
     if plan is None or plan.nothing_missed:  # the ordinary one-token draft extend
         with draft_tp_context(worker.draft_worker.parallel_layout):
             worker.draft_worker._draft_extend_for_decode(batch, result)
@@ -401,8 +407,27 @@ def extend_skipped(batch, batch_output) -> bool:
     return True
 
 
+def prefill_deferred(batch) -> bool:
+    """Whether this prefill defers NanoSpec's top-K_pre (and a STANDALONE draft's prefill,
+    ``skipped_draft_prefill``) to its requests' first drafting step, on a server that
+    catches up, unless every step drafts or the policy cannot predict yet. Under load most requests never draft, and a burst of arrivals is
+    prefilled a chunk at a time: its first requests, prefilled into a small batch, would
+    pay a full-vocabulary LM head and a draft forward over their prompts for a batch that
+    then runs at depth 0. A request that drafts pays the same work one step later (the
+    catch-up runs the draft over the prompt, `NanoSpecRuntime.append_deferred_topk` the
+    top-K_pre)."""
+    state = current().adaptive
+    if state is None or state.catch_up is None or state.policy.always_drafts():
+        return False
+    if state.policy.predicted_best(1) is None:  # a fresh server: its warm-up, exploration
+        return False
+    state.prefills_deferred += 1
+    return True
+
+
 def prefill_topk_skipped(batch) -> bool:
-    """Whether this prefill goes without NanoSpec's top-K_pre: when the batch its requests
+    """On a server that does not catch up (CUDA, tensor parallelism), whether this prefill
+    goes without NanoSpec's top-K_pre: when the batch its requests
     join (them, the last decode step's requests and those waiting to be prefilled: a burst
     of arrivals is prefilled a chunk at a time) would run at depth 0, as a fresh decision
     of our policy predicts it (or it is pinned there). Those top-K_pre are a
@@ -425,10 +450,10 @@ def prefill_topk_skipped(batch) -> bool:
 
 
 def skipped_draft_prefill(draft, batch, next_token_ids):
-    """A prefill whose requests join a batch at depth 0 skips a STANDALONE draft's prefill
-    (a whole model's forward over every prompt token) when the draft can catch up from the
-    prompt's tokens later: its slots are noted as missed and the next decode step runs at
-    depth 0, catching up before any step drafts. Returns the draft input it leaves (zeros:
+    """A deferred prefill skips a STANDALONE draft's prefill (a whole model's forward over
+    every prompt token): the draft catches up from the prompt's tokens later. Its slots are
+    noted as missed and the next decode step runs at depth 0, catching up before any step
+    drafts. Returns the draft input it leaves (zeros:
     never drafted from), or None to run the prefill. An EAGLE draft's prefill (one layer)
     runs: catching up on it would need the target's hidden states of the whole prompt."""
     state = current().adaptive

@@ -73,14 +73,16 @@ class NanoSpecDraftMixin:
 
     def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids, *args, **kw):
         own, top = self.draft_kind.own_prefill_candidates(batch)
-        joins_depth_0 = False
+        deferred = adaptive.prefill_deferred(batch)
         if own:
             self.nanospec.on_prefill(batch, None, top)
-        elif joins_depth_0 := adaptive.prefill_topk_skipped(batch):
+        elif deferred:
+            self.nanospec.on_prefill(batch, target_hidden_states, defer_topk=True)
+        elif adaptive.prefill_topk_skipped(batch):
             self.nanospec.on_prefill(batch, None)  # the prompt's tokens only
         else:
             self.nanospec.on_prefill(batch, target_hidden_states)
-        if joins_depth_0 and (stub := adaptive.skipped_draft_prefill(self, batch, next_token_ids)):
+        if deferred and (stub := adaptive.skipped_draft_prefill(self, batch, next_token_ids)):
             return stub  # the draft catches up on the prompt before it drafts
         target_hidden_states = self.draft_kind.draft_hidden_for_prefill(target_hidden_states)
         slots = batch.out_cache_loc
@@ -102,6 +104,8 @@ class NanoSpecDraftMixin:
             return None  # a depth-0 step before another: SGLang's stub, our window update
         # the depth in force now: adaptive speculation switches it between steps
         plain = adaptive.plain_step_running()
+        if not plain:  # a drafting step before another (a plain one before drafting: adaptive)
+            self.nanospec.append_deferred_topk(batch)
         self.nanospec.on_verify(batch, batch_result, self.speculative_num_steps, plain)
         slots = batch.out_cache_loc
         with self.nanospec.stats.timer.draft_phase(batch.req_pool_indices):

@@ -35,6 +35,12 @@ logger = logging.getLogger(__name__)
 class SlotOwner:
     req: object  # SGLang's Req: its rid, whether it finished, which pool entry it holds
     prompt_tokens_appended: int = 0
+    # The target's hidden states at prompt positions whose top-K_pre wait for the request's
+    # first drafting step (a server that catches up defers them: most requests under load
+    # never draft), at most the last W_max / K_pre positions (earlier ones would leave the
+    # window at once), and the window entries appended after the prompt since.
+    deferred_hidden: list[Tensor] = field(default_factory=list)
+    entries_after_prompt: int = 0
 
     @property
     def rid(self) -> str:
@@ -62,6 +68,7 @@ class NanoSpecRuntime:
     recorder: StreamRecorder | None = field(default_factory=StreamRecorder.from_env)
     # (hidden, k) -> the target's top-k token ids, where ``target_head`` is one TP shard.
     target_topk: Callable[[Tensor, int], Tensor] | None = None
+    deferring: set[int] = field(default_factory=set)  # pool entries with deferred top-K_pre
 
     @property
     def mode(self) -> Mode:
@@ -82,10 +89,15 @@ class NanoSpecRuntime:
         return self.config.k_pre if self.vocab is not None and self.mode != Mode.EXT_ONLY else 0
 
     def on_prefill(
-        self, batch, target_hidden: Tensor | None, prefill_top: Tensor | None = None
+        self,
+        batch,
+        target_hidden: Tensor | None,
+        prefill_top: Tensor | None = None,
+        defer_topk: bool = False,
     ) -> None:
         """``prefill_top``: the top-K_pre already taken in the target pass (EAGLE-3), else
-        they come from ``target_hidden``."""
+        they come from ``target_hidden``, now or (``defer_topk``) at the request's first
+        drafting step (``append_deferred_topk``)."""
         self.release_ended()
         if not batch.reqs:
             return
@@ -104,12 +116,70 @@ class NanoSpecRuntime:
             owner.prompt_tokens_appended = end
         rids = [req.rid for req in batch.reqs]
         self._append(slots, *_padded(prompt_rows, slots.device), rids, "prefill")
-        if prefill_top is None and target_hidden is not None and self.config.k_pre > 0:
+        if defer_topk and target_hidden is not None and self.config.k_pre > 0:
+            self._defer_topk(batch, target_hidden)
+        elif prefill_top is None and target_hidden is not None and self.config.k_pre > 0:
             prefill_top = self._target_topk(target_hidden, self.config.k_pre)
         if prefill_top is not None:
             rows = _per_request_rows(prefill_top, batch.extend_lens)
             self._append(slots, *rows, rids, "prefill")
         self.vocab.refresh(slots)
+
+    def _defer_topk(self, batch, target_hidden: Tensor) -> None:
+        offset = 0
+        for req, length in zip(batch.reqs, batch.extend_lens, strict=True):
+            owner = self.owners[req.kv.req_pool_idx]
+            owner.deferred_hidden.append(target_hidden[offset : offset + length].clone())
+            offset += length
+            keep = -(-self.w_max_in_force(req) // self.config.k_pre)
+            while sum(len(rows) for rows in owner.deferred_hidden[1:]) >= keep:
+                owner.deferred_hidden.pop(0)  # wholly outside the window once appended
+            self.deferring.add(req.kv.req_pool_idx)
+
+    def append_deferred_topk(self, batch) -> None:
+        """The top-K_pre deferred at these requests' prefills enter their windows now,
+        before the draft's LM head runs for them: as many of the latest as the stream in
+        its own order (prompt, top-K_pre, steps) would still hold in the last W_max
+        entries, so the active set is the one a top-K_pre taken at prefill leaves (they
+        are the newest entries now, not the oldest: later steps evict others first)."""
+        if not self.deferring:
+            return
+        owners = [self.owners.get(req.kv.req_pool_idx) for req in batch.reqs]
+        ready = [
+            (row, owner)
+            for row, (req, owner) in enumerate(zip(batch.reqs, owners, strict=True))
+            if owner is not None and owner.rid == req.rid and owner.deferred_hidden
+        ]
+        if not ready:
+            return
+        k = self.config.k_pre
+        rooms = {row: self.w_max_in_force(o.req) - o.entries_after_prompt for row, o in ready}
+        rows = [row for row, _ in ready if rooms[row] > 0]
+        if rows:
+            owners_of = dict(ready)
+            positions = {row: -(-rooms[row] // k) for row in rows}  # the last ones with room
+            hidden = [torch.cat(owners_of[row].deferred_hidden)[-positions[row] :] for row in rows]
+            top = self._target_topk(torch.cat(hidden), k).view(-1).tolist()
+            tokens, offset = [], 0
+            for row, states in zip(rows, hidden, strict=True):
+                entries = top[offset : offset + k * len(states)]  # position-major, rank order
+                tokens.append(entries[-rooms[row] :])
+                offset += k * len(states)
+            index = torch.tensor(rows, device=batch.req_pool_indices.device)
+            slots = self.vocab_slots(batch.req_pool_indices[index].to(torch.int64))
+            rids = [batch.reqs[row].rid for row in rows]
+            self._append(slots, *_padded(tokens, slots.device), rids, "prefill")
+            self.vocab.refresh(slots)
+        for _, owner in ready:
+            owner.deferred_hidden.clear()
+            self.deferring.discard(owner.req.kv.req_pool_idx)
+
+    def _count_after_prompt(self, reqs, appended: Tensor) -> None:
+        """Window entries these requests got since their prompts, while a top-K_pre waits."""
+        for req, count in zip(reqs, appended.tolist(), strict=True):
+            owner = self.owners.get(req.kv.req_pool_idx)
+            if owner is not None and owner.deferred_hidden:
+                owner.entries_after_prompt += count
 
     def _target_topk(self, hidden: Tensor, k: int) -> Tensor:
         if self.target_topk is not None:
@@ -190,6 +260,8 @@ class NanoSpecRuntime:
         if unfiled:
             self.snapshot(unfiled)
         for index in ended:
+            self.holders[index].deferred_hidden.clear()
+            self.deferring.discard(index)
             self._release_vocab_slot(index)
 
     def vocab_slots(self, pool_slots: Tensor) -> Tensor:
@@ -213,7 +285,9 @@ class NanoSpecRuntime:
             self._record_verify(pool_slots, slots, batch_result, depth)
         rids = [req.rid for req in batch.reqs]
         if candidates is not None and self._appends_while_decoding():
-            self._append_step(slots, candidates, rids, batch.seq_lens)
+            appended = self._append_step(slots, candidates, rids, batch.seq_lens)
+            if self.deferring:
+                self._count_after_prompt(batch.reqs, appended)
             self.vocab.refresh(slots)
         elif candidates is not None and self.vocab is None and self.recorder is not None:
             self._append_step(slots, candidates, rids, batch.seq_lens)  # recorded only
@@ -232,7 +306,8 @@ class NanoSpecRuntime:
 
     def _append_step(
         self, slots: Tensor, candidates: VerifyCandidates, rids: list[str], roots: Tensor
-    ) -> None:
+    ) -> Tensor:
+        """Appends a step's entries; returns how many each request got."""
         # Order within a step (it decides eviction): the draft tree, root first, then the
         # verify top-K_ver position by position, rank by rank. Later entries live longer.
         top = candidates.top_tokens.flatten(1)
@@ -240,6 +315,7 @@ class NanoSpecRuntime:
         tree_valid = torch.ones_like(candidates.tree_tokens, dtype=torch.bool)
         valid = torch.cat([tree_valid, candidates.top_valid.flatten(1)], dim=1)
         self._append(slots, tokens, valid, rids, "step", roots, candidates.tree_tokens.shape[1])
+        return valid.sum(1)
 
     def _append(
         self,
