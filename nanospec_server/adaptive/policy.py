@@ -58,7 +58,7 @@ class StepCostModel:
     load at depth 0) keeps its timings however many steps run at another (losing them
     would send the model back to exploring: a catch-up and deep steps at a large batch),
     and a long load at large batches does not erase the small ones (a line fitted to
-    batch 20-32 alone priced a plain step at batch 1 at a seventh of its time). On a
+    large batches alone extrapolates a small batch's step far off). On a
     shared host single steps stall for whole scheduler slices; a median shrugs those off
     where a mean would chase them.
 
@@ -119,10 +119,12 @@ class StepCostModel:
         return [(b, k, t, cell) for (b, k, cell), timings in self._timings.items() for t in timings]
 
     def timings_per_depth(self) -> dict[int, int]:
+        # By cell, not by timing: the policy asks this several times a step, and a server
+        # that has seen every batch size holds thousands of timings.
         counts: dict[int, int] = {}
-        for _, k, _, cell in self.samples:
+        for (_, k, cell), timings in self._timings.items():
             if cell != CATCH_UP_CELL:
-                counts[k] = counts.get(k, 0) + 1
+                counts[k] = counts.get(k, 0) + len(timings)
         return counts
 
     def timed_depths(self) -> set[int]:
@@ -131,7 +133,7 @@ class StepCostModel:
 
     def largest_batch_timed(self, depth: int) -> int:
         """The largest batch size with a timing at this depth (0 if none)."""
-        timed = (b for b, k, _, cell in self.samples if k == depth and cell != CATCH_UP_CELL)
+        timed = (b for b, k, cell in self._timings if k == depth and cell != CATCH_UP_CELL)
         return max(timed, default=0)
 
     @property
@@ -166,7 +168,9 @@ class StepCostModel:
 
     def catch_up_ms(self) -> float | None:
         """The median catch-up step, in milliseconds (None: none timed)."""
-        times = [t for _, _, t, cell in self.samples if cell == CATCH_UP_CELL]
+        times = [
+            t for (_, _, cell), ts in self._timings.items() if cell == CATCH_UP_CELL for t in ts
+        ]
         return round(1000 * float(np.median(times)), 3) if times else None
 
     def seconds_per_position(self) -> float:
