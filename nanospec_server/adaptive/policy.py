@@ -393,27 +393,32 @@ class GoodputPolicy:
         """Whether drafting at ``depth`` saves more time over the tokens the batch may still
         decode (1/goodput per token, at depth 0 against ``depth``) than the catch-up costs
         before its first drafting step."""
-        if self.debt is None:
+        owed = self._catch_up_owed(batch_size)
+        if owed is None:
             return True
-        debt = self.debt(batch_size)
-        if debt.positions == 0:
-            return True
-        cost = debt.positions * self.cost.seconds_per_position()
-        saved = debt.tokens_left * (1 / predicted[0] - 1 / predicted[depth])
-        return saved > cost
+        tokens_left, cost = owed
+        return tokens_left * (1 / predicted[0] - 1 / predicted[depth]) > cost
 
     def _catch_up_repayable(self, batch_size: int) -> bool:
         """Whether any draft could repay the batch's catch-up: one always right at the
         deepest depth, its steps costing what plain ones do, saves a fraction 1 - 1/(k+1)
         of the plain time of the tokens left. If not, a probe up from depth 0 (a drafting
         step over the stale draft cache) could not change the depth: it is skipped."""
-        if self.debt is None:
+        owed = self._catch_up_owed(batch_size)
+        if owed is None:
             return True
+        tokens_left, cost = owed
+        return tokens_left * (1 - 1 / (self.deepest + 1)) / self.goodput(batch_size, 0) > cost
+
+    def _catch_up_owed(self, batch_size: int) -> tuple[int, float] | None:
+        """The batch's tokens left and the seconds its catch-up costs; None if it owes
+        nothing (or the debt is not priced)."""
+        if self.debt is None:
+            return None
         debt = self.debt(batch_size)
         if debt.positions == 0:
-            return True
-        best_saving = debt.tokens_left * (1 - 1 / (self.deepest + 1)) / self.goodput(batch_size, 0)
-        return best_saving > debt.positions * self.cost.seconds_per_position()
+            return None
+        return debt.tokens_left, debt.positions * self.cost.seconds_per_position()
 
     def price_catch_up(self, debt: Callable[[int], CatchUpDebt]) -> None:
         self.debt = debt

@@ -410,8 +410,9 @@ def extend_skipped(batch, batch_output) -> bool:
 def prefill_deferred(batch) -> bool:
     """Whether this prefill defers NanoSpec's top-K_pre (and a STANDALONE draft's prefill,
     ``skipped_draft_prefill``) to its requests' first drafting step, on a server that
-    catches up, unless every step drafts or the policy cannot predict yet. Under load most requests never draft, and a burst of arrivals is
-    prefilled a chunk at a time: its first requests, prefilled into a small batch, would
+    catches up, unless every step drafts or the policy cannot predict yet. Under load most
+    requests never draft, and a burst of arrivals is prefilled a chunk at a time: its
+    first requests, prefilled into a small batch, would
     pay a full-vocabulary LM head and a draft forward over their prompts for a batch that
     then runs at depth 0. A request that drafts pays the same work one step later (the
     catch-up runs the draft over the prompt, `NanoSpecRuntime.append_deferred_topk` the
@@ -427,10 +428,10 @@ def prefill_deferred(batch) -> bool:
 
 def prefill_topk_skipped(batch) -> bool:
     """On a server that does not catch up (CUDA, tensor parallelism), whether this prefill
-    goes without NanoSpec's top-K_pre: when the batch its requests
-    join (them, the last decode step's requests and those waiting to be prefilled: a burst
-    of arrivals is prefilled a chunk at a time) would run at depth 0, as a fresh decision
-    of our policy predicts it (or it is pinned there). Those top-K_pre are a
+    goes without NanoSpec's top-K_pre: when the batch its requests join (them, the last
+    decode step's requests and those waiting to be prefilled: a burst of arrivals is
+    prefilled a chunk at a time) would run at depth 0, as a fresh decision of our policy
+    predicts it (or it is pinned there). Those top-K_pre are a
     full-vocabulary LM head over every prompt position, most of what a speculative server
     adds to a short request's cost under load (~4 ms per prompt token for a 152k x 896
     head on one core). A request prefilled so drafts from its prompt's tokens and the
@@ -453,8 +454,8 @@ def skipped_draft_prefill(draft, batch, next_token_ids):
     """A deferred prefill skips a STANDALONE draft's prefill (a whole model's forward over
     every prompt token): the draft catches up from the prompt's tokens later. Its slots are
     noted as missed and the next decode step runs at depth 0, catching up before any step
-    drafts. Returns the draft input it leaves (zeros:
-    never drafted from), or None to run the prefill. An EAGLE draft's prefill (one layer)
+    drafts. Returns the draft input it leaves (zeros: never drafted from), or None to run
+    the prefill. An EAGLE draft's prefill (one layer)
     runs: catching up on it would need the target's hidden states of the whole prompt."""
     state = current().adaptive
     catch_up = state.catch_up if state is not None else None

@@ -188,8 +188,7 @@ class DraftCatchUp:
         starts, stops = [], []
         for req, start, end in zip(batch.reqs, first, ends, strict=True):
             if self.keeps_hidden:  # positions without a kept hidden state stay stale
-                kept = self.kept.get(req.rid)
-                reachable = kept.first if kept is not None else end
+                reachable = self._reachable(req.rid, end)
                 if start < reachable:
                     self._count_left_stale(req.rid, start, reachable)
                     start = reachable
@@ -207,10 +206,15 @@ class DraftCatchUp:
         owed = 0
         for req, start, end in zip(batch.reqs, first, ends, strict=True):
             if self.keeps_hidden:  # positions without a kept hidden state stay stale
-                kept = self.kept.get(req.rid)
-                start = max(start, kept.first if kept is not None else end)
+                start = max(start, self._reachable(req.rid, end))
             owed += max(end - start, 0)
         return owed
+
+    def _reachable(self, rid: str, end: int) -> int:
+        """An EAGLE draft's first position it can catch up on: its first kept hidden state
+        (``end``, the step's own token, if none is kept)."""
+        kept = self.kept.get(rid)
+        return kept.first if kept is not None else end
 
     def _count_left_stale(self, rid: str, start: int, stop: int) -> None:
         """Positions ``start`` .. ``stop - 1`` of a request stay stale: count each once

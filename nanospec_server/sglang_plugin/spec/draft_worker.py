@@ -73,7 +73,7 @@ class NanoSpecDraftMixin:
 
     def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids, *args, **kw):
         own, top = self.draft_kind.own_prefill_candidates(batch)
-        deferred = adaptive.prefill_deferred(batch)
+        deferred = not own and adaptive.prefill_deferred(batch)  # EAGLE-3 takes its own now
         if own:
             self.nanospec.on_prefill(batch, None, top)
         elif deferred:

@@ -153,17 +153,20 @@ class NanoSpecRuntime:
         if not ready:
             return
         k = self.config.k_pre
-        rooms = {row: self.w_max_in_force(o.req) - o.entries_after_prompt for row, o in ready}
-        rows = [row for row, _ in ready if rooms[row] > 0]
+        rows, rooms, hidden = [], [], []
+        for row, owner in ready:
+            room = self.w_max_in_force(owner.req) - owner.entries_after_prompt
+            if room > 0:
+                positions = -(-room // k)  # the last ones whose entries still have room
+                rows.append(row)
+                rooms.append(room)
+                hidden.append(torch.cat(owner.deferred_hidden)[-positions:])
         if rows:
-            owners_of = dict(ready)
-            positions = {row: -(-rooms[row] // k) for row in rows}  # the last ones with room
-            hidden = [torch.cat(owners_of[row].deferred_hidden)[-positions[row] :] for row in rows]
             top = self._target_topk(torch.cat(hidden), k).view(-1).tolist()
             tokens, offset = [], 0
-            for row, states in zip(rows, hidden, strict=True):
+            for room, states in zip(rooms, hidden, strict=True):
                 entries = top[offset : offset + k * len(states)]  # position-major, rank order
-                tokens.append(entries[-rooms[row] :])
+                tokens.append(entries[-room:])
                 offset += k * len(states)
             index = torch.tensor(rows, device=batch.req_pool_indices.device)
             slots = self.vocab_slots(batch.req_pool_indices[index].to(torch.int64))
