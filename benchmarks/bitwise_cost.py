@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from nanospec_server.ops.packed_linear import PACK_BATCH_HINT, pack, packed_linear
+from nanospec_server.ops.packed_linear import layout, pack, packed_linear
 from nanospec_server.sgl_kernel_cpu.ops.attention import extend_attention
 
 # (name, query heads, kv heads, head dim, hidden, intermediate)
@@ -83,7 +83,7 @@ def main() -> None:
         for out_f, in_f in [(2 * inter, hidden), (hidden, inter)]:
             weight = torch.randn(out_f, in_f)
             blocked = pack(weight)
-            whole = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
+            whole = torch.ops.mkldnn._reorder_linear_weight(weight, layout().batch_hint)
             for rows in (1, 8):
                 x = torch.randn(rows, in_f)
                 a = best_ms(lambda x=x, w=blocked: packed_linear(x, w, None))

@@ -8,13 +8,18 @@ and by the trainer's answering target (``train/run.py``). Inference only: no aut
 
 Row invariance: a row's result must not depend on how many rows share the call, or a
 verify pass would not compute the logits a one-token decode computes for the same position
-(``F.linear``'s GEMV and GEMM round differently). oneDNN keeps that for any row count up to
-an input width of 1024 on this host, but above it a one-row call reduces the input features
-in another order than a many-row call (at 1536 wide, every row count from 2 up agrees and
-one row differs). So the weight is packed in column blocks of at most ``k_block()``
-input features, each row-invariant, and their partial products are summed in a fixed
-order: a row's arithmetic is then the same at any row count. The block is the widest that
-passes a probe on this host (1024 here), found once per process and dtype.
+(``F.linear``'s GEMV and GEMM round differently), nor would a prompt prefilled beside
+others compute what it computes alone. oneDNN chooses its kernel by the row count, the
+input width and the batch size the weight was packed for, and kernels reduce the input
+features in different orders: above 1024 features a one-row fp32 call differs from a
+many-row one; on a CPU with AMX, a bf16 weight packed for 8 rows computes calls of up to 32
+rows in one kernel and larger ones (a verify of 8 requests, a prefill) in another, and
+only one packed for a single row computes every row count alike (while an fp32 weight
+packed so does not). So the weight is packed in column blocks of at most ``layout().width``
+input features, for oneDNN's ``batch_hint``, each block row-invariant, and their partial
+products are summed in a fixed order: a row's arithmetic is then the same at any row
+count. The layout is the fastest that passes a probe on this host over row counts from
+decode to prefill sizes, found once per process and dtype.
 
 bf16 weights take oneDNN's bf16 kernel where the CPU has a native bf16 dot product (AMX,
 AVX512-BF16): fp32 accumulation inside a block, the blocks' bf16 results summed in fp32 and
@@ -26,6 +31,7 @@ those weights; fp32 stays the default there).
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -33,10 +39,16 @@ from torch import Tensor, nn
 
 from nanospec_server.env import cpu_linear
 
-# oneDNN's blocking for up to this many rows; results stay identical for any row count.
-PACK_BATCH_HINT = 8
-# Input-feature blocks tried, widest first, by the row-invariance probe.
+logger = logging.getLogger(__name__)
+
+# The layouts the row-invariance probe tries, fastest first: input-feature blocks widest
+# first, each packed for oneDNN's blocking of 8 rows, then of one row (slower for a verify
+# or a prefill on an AMX host: ~1.3x at 40 rows, ~1.2x at 512).
 K_BLOCK_CANDIDATES = (1024, 512, 256, 128, 64)
+BATCH_HINTS = (8, 1)
+# The row counts the probe compares with one row: decodes, verifies, prefills.
+PROBE_ROWS = (2, 3, 5, 9, 17, 33, 40, 65, 130, 257)
+PROBE_OUT_FEATURES = 1536  # a narrow weight (256 rows) passed where every wider one failed
 
 
 def available() -> bool:
@@ -69,7 +81,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 @dataclass(frozen=True)
 class OneDnnWeight:
-    """A weight [N, K] as oneDNN-packed column blocks [N, <= k_block()] (opaque tensors),
+    """A weight [N, K] as oneDNN-packed column blocks [N, <= layout().width] (opaque tensors),
     computing in ``compute_dtype`` and returning ``dtype`` (the weight's own)."""
 
     blocks: tuple[Tensor, ...]
@@ -80,8 +92,17 @@ class OneDnnWeight:
     compute_dtype: torch.dtype
 
 
-def _pack_block(weight: Tensor) -> Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
+@dataclass(frozen=True)
+class BlockLayout:
+    """How a weight is packed: column blocks of ``width`` input features, for oneDNN's
+    blocking of ``batch_hint`` rows."""
+
+    width: int
+    batch_hint: int
+
+
+def _pack_block(weight: Tensor, batch_hint: int) -> Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch_hint)
 
 
 def _linear_block(x: Tensor, block: Tensor, bias: Tensor | None) -> Tensor:
@@ -89,31 +110,41 @@ def _linear_block(x: Tensor, block: Tensor, bias: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, block, bias, "none", [], "")
 
 
-def _one_row_matches_many(width: int, dtype: torch.dtype = torch.float32) -> bool:
-    """Does a one-row call compute what a three-row call computes for the same row?"""
+def row_invariant(candidate: BlockLayout, dtype: torch.dtype = torch.float32) -> bool:
+    """Does a call of each of ``PROBE_ROWS`` rows compute, for every row, what a one-row
+    call computes for it?"""
     gen = torch.Generator().manual_seed(0)
-    weight = _pack_block(torch.randn(256, width, generator=gen).to(dtype))
-    x = torch.randn(3, width, generator=gen).to(dtype)
-    return torch.equal(_linear_block(x, weight, None)[1:2], _linear_block(x[1:2], weight, None))
+    weight = torch.randn(PROBE_OUT_FEATURES, candidate.width, generator=gen).to(dtype)
+    block = _pack_block(weight, candidate.batch_hint)
+    x = torch.randn(max(PROBE_ROWS), candidate.width, generator=gen).to(dtype)
+    alone = torch.cat([_linear_block(x[i : i + 1], block, None) for i in range(len(x))])
+    return all(
+        torch.equal(_linear_block(x[:rows], block, None), alone[:rows]) for rows in PROBE_ROWS
+    )
 
 
 @functools.cache
-def k_block(dtype: torch.dtype = torch.float32) -> int:
-    """The widest input-feature block whose packed linear in ``dtype`` (a compute dtype)
-    is row-invariant on this host."""
+def layout(dtype: torch.dtype = torch.float32) -> BlockLayout:
+    """The fastest block layout whose packed linear in ``dtype`` (a compute dtype) is
+    row-invariant on this host."""
     for width in K_BLOCK_CANDIDATES:
-        if _one_row_matches_many(width, dtype):
-            return width
-    return K_BLOCK_CANDIDATES[-1]  # no width passes: still correct, only not row-invariant
+        for hint in BATCH_HINTS:
+            if row_invariant(candidate := BlockLayout(width, hint), dtype):
+                return candidate
+    logger.warning("no packed %s layout is row-invariant on this CPU: a verify may round "
+                   "apart from a decode", dtype)  # fmt: skip
+    return BlockLayout(K_BLOCK_CANDIDATES[-1], BATCH_HINTS[0])  # still correct
 
 
 def pack(weight: Tensor) -> OneDnnWeight:
     """The weight [N, K] in oneDNN's blocked layout, in row-invariant column blocks."""
     dtype, computes = weight.dtype, compute_dtype(weight.dtype)
     weight = weight.detach().to(computes)
-    width = k_block(computes)
+    chosen = layout(computes)
+    width = chosen.width
     blocks = tuple(
-        _pack_block(weight[:, start : start + width]) for start in range(0, weight.shape[1], width)
+        _pack_block(weight[:, start : start + width], chosen.batch_hint)
+        for start in range(0, weight.shape[1], width)
     )
     return OneDnnWeight(blocks, width, weight.shape[0], weight.shape[1], dtype, computes)
 

@@ -83,10 +83,32 @@ def test_a_bf16_row_does_not_depend_on_the_rows_beside_it(bf16_kernel, rows, wid
         assert torch.equal(alone[0], together[i])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_chosen_layout_is_row_invariant_from_decode_to_prefill_sizes(dtype):
+    """A row alone (a decode) equals the same row among up to 300 others (a verify, a
+    prompt prefilled beside others), for weights as wide as a model's, in the layout the
+    probe chose: on an AMX host a bf16 weight packed for 8 rows rounds calls of over 32
+    rows apart."""
+    if dtype == torch.bfloat16 and not packed_linear.native_bf16():
+        pytest.skip("no native bf16 dot product on this CPU")
+    chosen = packed_linear.layout(dtype)
+    assert packed_linear.row_invariant(chosen, dtype)
+    gen = torch.Generator().manual_seed(0)
+    for out_features, in_features in [(4864, 896), (1536, 8960)]:
+        weight = (torch.randn(out_features, in_features, generator=gen) * 0.03).to(dtype)
+        packed = packed_linear.pack(weight)
+        x = torch.randn(300, in_features, generator=gen).to(dtype)
+        rows = [0, 7, 40, 150, 299]
+        alone = {i: packed_linear.packed_linear(x[i : i + 1], packed, None)[0] for i in rows}
+        for count in (2, 8, 33, 41, 129, 300):
+            together = packed_linear.packed_linear(x[:count], packed, None)
+            for i in (i for i in rows if i < count):
+                assert torch.equal(together[i], alone[i]), (out_features, count, i)
+
+
 def test_wide_weights_are_packed_in_row_invariant_blocks():
-    width = packed_linear.k_block()
+    width = packed_linear.layout().width
     assert width in packed_linear.K_BLOCK_CANDIDATES
-    assert packed_linear._one_row_matches_many(width)
     packed = packed_linear.pack(torch.randn(8, 2 * width + 3))
     assert len(packed.blocks) == 3 and packed.in_features == 2 * width + 3
     x = torch.randn(4, 2 * width + 3)
