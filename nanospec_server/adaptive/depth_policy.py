@@ -66,6 +66,10 @@ class DepthPolicy(Protocol):
     def observe_acceptance(self, accepted: list[int], depth: int) -> None:
         """Draft tokens each request had accepted at a step that drafted ``depth``."""
 
+    def observe_draft_extend(self, positions: int, seconds: float) -> None:
+        """A draft extend over ``positions`` positions (a prefill's) took ``seconds``:
+        what a catch-up over as many costs."""
+
     def published(self) -> dict[str, Any]:
         """The policy's own fields of ``/stats/vocab.adaptive``."""
 

@@ -42,6 +42,9 @@ class FixedDepthPolicy:
     def observe_acceptance(self, accepted: list[int], depth: int) -> None:
         self.acceptance.observe(accepted, depth)
 
+    def observe_draft_extend(self, positions: int, seconds: float) -> None:
+        pass  # the depth does not depend on cost
+
     def always_drafts(self) -> bool:
         return self.choose(0).depth > 0
 

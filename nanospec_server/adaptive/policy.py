@@ -84,6 +84,7 @@ class StepCostModel:
     refit_every: int = 8
     _timings: dict = field(default_factory=dict)  # (b, depth, cell) -> deque of seconds
     catch_ups: deque = field(default_factory=lambda: deque(maxlen=32))  # (b, seconds, positions)
+    draft_extends: deque = field(default_factory=lambda: deque(maxlen=32))  # (seconds, positions)
     warmed: set = field(default_factory=set)  # (depth, cell) whose first step has run
     _coef: np.ndarray | None = None
     _plain_coef: np.ndarray | None = None
@@ -159,9 +160,18 @@ class StepCostModel:
         return self._plain_coef
 
     def predict(self, batch_size: int, depth: int) -> float:
-        """Seconds for one step; never below a microsecond (a fit on noisy timings can
-        extrapolate below zero far from the data)."""
+        """Seconds for one step: the median of its own (batch size, depth) cell where that
+        is timed ``min_samples`` times, else the fit's; never below a microsecond (a fit on
+        noisy timings can extrapolate below zero far from the data). A host's step cost is
+        not linear in the batch and the depth everywhere (a CPU with AMX decodes batch 1 to
+        8 in about the same time): a line through every cell can miss a timed cell by a
+        third, enough to keep a batch at depth 0 where drafting pays."""
         plain = self.plain_coefficients() if depth == 0 else None
+        own = self._timings.get(
+            (batch_size, depth, PLAIN_CELL if plain is not None else VERIFY_CELL)
+        )
+        if own is not None and len(own) >= self.min_samples:
+            return max(float(np.median(own)), 1e-6)
         if plain is not None:
             return max(float(plain_features(batch_size) @ plain), 1e-6)
         return max(float(step_features(batch_size, depth) @ self.coefficients()), 1e-6)
@@ -173,20 +183,29 @@ class StepCostModel:
         ]
         return round(1000 * float(np.median(times)), 3) if times else None
 
+    def observe_draft_extend(self, positions: int, seconds: float) -> None:
+        """A draft extend timed alone (a prefill's, ``positions`` long)."""
+        if positions >= PRICED_CATCH_UP:
+            self.draft_extends.append((seconds, positions))
+
     def seconds_per_position(self) -> float:
         """What the draft's catch-up costs per position: the median, over the timed
         catch-up steps of at least ``PRICED_CATCH_UP`` positions, of their time beyond a
         plain step of their batch size per position caught up (a short catch-up is mostly
         the draft forward's fixed cost, and its excess over a plain step is within a plain
         step's noise: priced per position, it made a catch-up of thousands look cheap).
-        Until one is timed, what the speculative fit prices a drafted token at (``c3``: a
-        draft forward of one token and the target's verify of it, more than the catch-up's
-        draft forward over it)."""
+        Until one is timed, the median per position of the draft's prefills (the same
+        extend over a prompt, timed alone); before any, what the speculative fit prices a
+        drafted token at (``c3``: a draft forward of one token and the target's verify of
+        it, several times a catch-up's position: it kept a server from catching up where
+        drafting would have repaid it)."""
         per_position = [
             max(t - self.predict(b, 0), 0.0) / n
             for b, t, n in self.catch_ups
             if n >= PRICED_CATCH_UP
         ]
+        if not per_position:
+            per_position = [t / n for t, n in self.draft_extends]
         if per_position:
             return float(np.median(per_position))
         return float(self.coefficients()[3])
@@ -453,6 +472,9 @@ class GoodputPolicy:
 
     def observe_acceptance(self, accepted: list[int], depth: int) -> None:
         self.acceptance.observe(accepted, depth)
+
+    def observe_draft_extend(self, positions: int, seconds: float) -> None:
+        self.cost.observe_draft_extend(positions, seconds)
 
     def published(self) -> dict[str, Any]:
         ready = self.cost.ready

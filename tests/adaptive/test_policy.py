@@ -74,6 +74,25 @@ def test_a_long_load_at_large_batches_keeps_the_small_ones() -> None:
     assert model.predict(1, 0) == pytest.approx(0.160)
 
 
+def test_a_cell_timed_often_enough_predicts_itself() -> None:
+    """A host whose step is flat up to batch 4 and then climbs with the drafts (a CPU with
+    AMX): no line through every cell fits batch 2, whose own timings price it; a cell not
+    timed is the fit's."""
+
+    def verify(b: int, k: int) -> float:
+        return 0.2 + 0.05 * k + (0.1 * (b - 4) * k if b > 4 else 0.0)
+
+    model = StepCostModel()
+    for _ in range(4):
+        for b in (1, 2, 4, 8, 16):
+            for k in (1, 4):
+                model.observe(b, k, verify(b, k))
+    fitted = lambda b, k: float(step_features(b, k) @ model.coefficients())  # noqa: E731
+    assert abs(fitted(2, 1) - verify(2, 1)) > 0.02
+    assert model.predict(2, 1) == pytest.approx(verify(2, 1))
+    assert model.predict(3, 1) == pytest.approx(fitted(3, 1))
+
+
 def test_cost_model_needs_two_depths_timed_often() -> None:
     model = StepCostModel()
     for b in range(1, 9):
@@ -406,6 +425,21 @@ def test_a_catch_up_is_priced_per_position_beyond_a_plain_step() -> None:
     for _ in range(10):  # short catch-ups within a plain step's noise price nothing
         model.observe(4, 0, 0.050 + 0.002 * 4 - 0.001, CATCH_UP_CELL, 8)
     assert model.seconds_per_position() == pytest.approx(0.0015)
+
+
+def test_before_a_catch_up_is_timed_the_draft_prefills_price_a_position() -> None:
+    """A draft prefill is the catch-up's extend over a prompt, timed alone: its seconds per
+    position price the catch-up until a catch-up step of its own is timed (the fit's ``c3``
+    is a drafted token's draft and verify, several times a position's catch-up)."""
+    model = exact_cost_model(np.array([0.080, 0.003, 0.020, 0.004]), [1, 3], [1, 2, 4, 8])
+    for positions in (40, 100, 300):
+        model.observe_draft_extend(positions, 0.001 * positions)
+    model.observe_draft_extend(5, 0.050)  # a short prompt: the forward's fixed cost
+    assert model.seconds_per_position() == pytest.approx(0.001)
+    for b in (2, 2, 4):  # the first is a warm-up
+        model.observe(b, 0, 0.050 + 0.002 * b, PLAIN_CELL)
+        model.observe(b, 0, 0.050 + 0.002 * b + 0.0025 * 100 * b, CATCH_UP_CELL, 100 * b)
+    assert model.seconds_per_position() == pytest.approx(0.0025)
 
 
 def settled_at_depth_0(debt: CatchUpDebt, **kw) -> GoodputPolicy:

@@ -103,6 +103,8 @@ class PolicyAdapter:
         return decision.depth
 
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int):
+        if self.state.drafting_stale:
+            return None  # a probe over a draft cache that missed positions: it errs low
         # The depth in force: with SGLang's overlap schedule (GPU) these counts can arrive a
         # step after a switch, which the estimate absorbs; the CPU path has no overlap.
         self.policy.observe_acceptance(num_correct_drafts_per_req, self.state.depth_in_force)
@@ -130,6 +132,10 @@ class AdaptiveState:
     last_decode_reqs: list = field(default_factory=list)  # the requests of the last decode step
     batch: object | None = None  # the decode batch of the step running now
     caught_up: int = 0  # positions the draft caught up on in the step running now
+    # A probe up from depth 0 drafts without catching up: the next step's drafts, and the
+    # step running now's, come from a draft cache that missed positions.
+    next_drafts_stale: bool = False
+    drafting_stale: bool = False
     timed_steps: int = 0
     extends_skipped: int = 0  # depth-0 steps that ran without the draft extend
     plain_steps: int = 0  # depth-0 steps that ran SGLang's plain decode path
@@ -306,6 +312,7 @@ def timed_forward(original, worker, batch, *args, **kwargs):
     state.timed_steps += 1
     state.path = VERIFY
     state.batch, state.caught_up = batch, 0
+    state.drafting_stale, state.next_drafts_stale = state.next_drafts_stale, False
     if timed and cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -358,6 +365,8 @@ def _plain_depth_zero(worker, batch, state: AdaptiveState, on_publish):
     # the acceptance it measures errs low, towards plain decoding).
     probe = state.pending is not None and state.pending.reason == "probe"
     plan = catch_up.plan(worker, batch) if catch_up is not None and not probe else None
+    # Its acceptance says how a stale cache drafts, not how the draft does: not counted.
+    state.next_drafts_stale = probe and catch_up is not None
     if not probe:  # a probe drafts without them: a top-K_pre over the batch for one step
         worker.draft_worker.nanospec.append_deferred_topk(batch)
     if plan is None or plan.nothing_missed:  # the ordinary one-token draft extend
@@ -473,6 +482,19 @@ def skipped_draft_prefill(draft, batch, next_token_ids):
         num_tokens_per_req=1,
         num_tokens_for_logprob_per_req=1,
     )
+
+
+@contextmanager
+def timed_draft_prefill(batch) -> Iterator[None]:
+    """On a server that catches up, a draft prefill's wall time over its positions: what a
+    catch-up over as many costs, before the policy has timed a catch-up of its own."""
+    state = current().adaptive
+    if state is None or state.catch_up is None:
+        yield
+        return
+    start = time.perf_counter()
+    yield
+    state.policy.observe_draft_extend(batch.extend_num_tokens, time.perf_counter() - start)
 
 
 @contextmanager

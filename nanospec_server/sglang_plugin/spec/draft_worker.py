@@ -89,9 +89,10 @@ class NanoSpecDraftMixin:
         with adaptive.widened_prefill(self, batch) as widened:
             if widened:  # the target's plan covers the prefill's own slots only
                 kw["kv_loc_plan"] = None
-            result = super()._draft_extend_for_prefill(
-                batch, target_hidden_states, next_token_ids, *args, **kw
-            )
+            with adaptive.timed_draft_prefill(batch):
+                result = super()._draft_extend_for_prefill(
+                    batch, target_hidden_states, next_token_ids, *args, **kw
+                )
         adaptive.draft_wrote(slots)
         return result
 

@@ -50,3 +50,20 @@ def test_a_chain_adapts_every_depth_a_tree_all_or_nothing(adaptive) -> None:
 
         assert depths(1) == [0, 1, 2, 3, 4], kind.name
         assert depths(4) == [0, 4], kind.name
+
+
+def test_a_probe_over_a_stale_draft_cache_does_not_feed_the_acceptance(adaptive) -> None:
+    """A probe up from depth 0 drafts without catching up: its drafts come from a cache
+    that missed positions, and they would drag the estimate below what the draft does."""
+    from nanospec_server.adaptive.policy import GoodputPolicy
+
+    policy = GoodputPolicy([0, 1, 2])
+    state = adaptive.AdaptiveState("goodput", [0, 1, 2], policy)
+    adapter = adaptive.PolicyAdapter(policy, state)
+    state.depth_in_force = 2
+    state.drafting_stale = True
+    adapter.on_verify_complete([0, 0, 0], 3)
+    assert policy.acceptance.rate == pytest.approx(0.5)  # the prior, untouched
+    state.drafting_stale = False
+    adapter.on_verify_complete([0, 0, 0], 3)
+    assert policy.acceptance.rate < 0.5
