@@ -11,7 +11,8 @@ from nanospec_server.adaptive.policy import CATCH_UP_CELL, PLAIN_CELL, Decision
 
 # The paths a decode step can take: the verify then the draft extend, (at depth 0, the next
 # step not drafting either) the verify alone, (at depth 0) SGLang's plain decode step, or
-# that step followed by the draft's catch-up on the tokens it missed (the next step drafts).
+# that step followed by the draft's extend over the tokens it missed, its own at least (the
+# next step drafts).
 VERIFY = "verify"
 VERIFY_WITHOUT_EXTEND = "verify-without-extend"
 PLAIN = PLAIN_CELL

@@ -35,7 +35,8 @@ FEATURES = 4
 
 # The cells a timed step falls in: a speculative step (verify, draft extend, at any depth),
 # a depth-0 step on SGLang's plain decode path, and a plain step that also ran the draft's
-# catch-up over the tokens it missed (timed apart, so that neither inflates the other).
+# extend over the tokens it missed before a drafting step (its own token at least: a catch-up),
+# timed apart so that neither inflates the other.
 # They are named as the paths a step takes (`depth_policy.py`).
 VERIFY_CELL, PLAIN_CELL, CATCH_UP_CELL = "verify", "plain", "plain-catch-up"
 PRICED_CATCH_UP = 32  # positions a catch-up step runs, at least, to price one position

@@ -372,6 +372,10 @@ def _plain_depth_zero(worker, batch, state: AdaptiveState, on_publish):
     if plan is None or plan.nothing_missed:  # the ordinary one-token draft extend
         with draft_tp_context(worker.draft_worker.parallel_layout):
             worker.draft_worker._draft_extend_for_decode(batch, result)
+        # Timed apart from plain steps: at a batch size that mostly drafts, the plain steps
+        # timed are the ones before a drafting step, and with the extend's draft forward in
+        # them they priced depth 0 a third too dear there, keeping it drafting.
+        state.path = PLAIN_CATCH_UP
         return result
     _catch_up(worker, batch, result, state, plan)
     return result

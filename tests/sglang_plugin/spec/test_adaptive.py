@@ -67,3 +67,33 @@ def test_a_probe_over_a_stale_draft_cache_does_not_feed_the_acceptance(adaptive)
     state.drafting_stale = False
     adapter.on_verify_complete([0, 0, 0], 3)
     assert policy.acceptance.rate < 0.5
+
+
+def test_a_plain_step_that_runs_the_draft_extend_is_timed_apart(adaptive, monkeypatch) -> None:
+    """A depth-0 step before a drafting step runs the draft's one-token extend after the
+    plain decode: recorded as a catch-up step, never in the plain cell that prices depth 0
+    (where drafting is the rule, such steps were most of that cell's timings)."""
+    from contextlib import nullcontext
+
+    import torch
+
+    from nanospec_server.adaptive.fixed import FixedDepthPolicy
+
+    policy = FixedDepthPolicy([0, 3], pinned=3)  # the next step drafts
+    state = adaptive.AdaptiveState("fixed", [0, 3], policy, skip_extend=True)
+    state.plain_steps_enabled = True
+    paths_while_extending = []
+    draft_worker = SimpleNamespace(
+        parallel_layout=None,
+        nanospec=SimpleNamespace(append_deferred_topk=lambda batch: None),
+        _draft_extend_for_decode=lambda batch, result: paths_while_extending.append(state.path),
+    )
+    worker = SimpleNamespace(
+        speculative_num_steps=0, activate_step_by_batch=lambda size: None, draft_worker=draft_worker
+    )
+    monkeypatch.setattr(adaptive, "draft_tp_context", lambda layout: nullcontext())
+    monkeypatch.setattr(adaptive.plain_step, "verify_reason", lambda batch: None)
+    monkeypatch.setattr(adaptive.plain_step, "run", lambda worker, batch, k: SimpleNamespace())
+    adaptive._plain_depth_zero(worker, SimpleNamespace(seq_lens=torch.zeros(2)), state, None)
+    assert paths_while_extending == ["plain"]  # the window takes the step as a plain one
+    assert state.path == "plain-catch-up"
