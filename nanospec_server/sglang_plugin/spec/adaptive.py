@@ -372,10 +372,12 @@ def _plain_depth_zero(worker, batch, state: AdaptiveState, on_publish):
     if plan is None or plan.nothing_missed:  # the ordinary one-token draft extend
         with draft_tp_context(worker.draft_worker.parallel_layout):
             worker.draft_worker._draft_extend_for_decode(batch, result)
-        # Timed apart from plain steps: at a batch size that mostly drafts, the plain steps
-        # timed are the ones before a drafting step, and with the extend's draft forward in
-        # them they priced depth 0 a third too dear there, keeping it drafting.
-        state.path = PLAIN_CATCH_UP
+        # Where the extend runs only before a drafting step, timed apart from plain steps:
+        # at a batch size that mostly drafts, the plain steps timed are the ones before a
+        # drafting step, and with the extend in them they priced depth 0 a third too dear
+        # there. With every extend kept, it is what every depth-0 step costs.
+        if state.skip_extend:
+            state.path = PLAIN_CATCH_UP
         return result
     _catch_up(worker, batch, result, state, plan)
     return result
@@ -531,6 +533,13 @@ def draft_wrote(slots) -> None:
     state = current().adaptive
     if state is not None and state.catch_up is not None and slots is not None:
         state.catch_up.drafted(slots)
+
+
+def probing() -> bool:
+    """Whether the step running now is a probe (one step at a neighbouring depth)."""
+    state = current().adaptive
+    decision = state.last_decision if state is not None else None
+    return decision is not None and decision.reason == "probe"
 
 
 def plain_step_running() -> bool:

@@ -105,7 +105,11 @@ class NanoSpecDraftMixin:
             return None  # a depth-0 step before another: SGLang's stub, our window update
         # the depth in force now: adaptive speculation switches it between steps
         plain = adaptive.plain_step_running()
-        if not plain:  # a drafting step before another (a plain one before drafting: adaptive)
+        # A drafting step before another (a plain one before drafting: adaptive), unless it
+        # is a probe: the batch most likely goes back to depth 0 after one, and the top-K_pre
+        # of all its requests' prompts (a full-vocabulary LM head over each) would be spent
+        # on nothing; the next drafting step appends them if the batch drafts on.
+        if not plain and not adaptive.probing():
             self.nanospec.append_deferred_topk(batch)
         self.nanospec.on_verify(batch, batch_result, self.speculative_num_steps, plain)
         slots = batch.out_cache_loc

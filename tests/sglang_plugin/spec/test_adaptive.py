@@ -97,3 +97,22 @@ def test_a_plain_step_that_runs_the_draft_extend_is_timed_apart(adaptive, monkey
     adaptive._plain_depth_zero(worker, SimpleNamespace(seq_lens=torch.zeros(2)), state, None)
     assert paths_while_extending == ["plain"]  # the window takes the step as a plain one
     assert state.path == "plain-catch-up"
+    state.skip_extend = False  # every extend kept: what every depth-0 step costs
+    adaptive._plain_depth_zero(worker, SimpleNamespace(seq_lens=torch.zeros(2)), state, None)
+    assert state.path == "plain"
+
+
+def test_a_probe_step_is_told_apart(adaptive, monkeypatch) -> None:
+    """The draft worker skips the deferred top-K_pre at a probe's extend (the batch most
+    likely returns to depth 0 after it): it asks ``probing``, which reads the decision in
+    force for the step."""
+    from nanospec_server.adaptive.policy import Decision, GoodputPolicy
+    from nanospec_server.sglang_plugin.spec.step_context import current
+
+    state = adaptive.AdaptiveState("goodput", [0, 1, 2], GoodputPolicy([0, 1, 2]))
+    monkeypatch.setattr(current(), "adaptive", state)
+    assert not adaptive.probing()  # no decision yet
+    state.last_decision = Decision(1, "probe", {})
+    assert adaptive.probing()
+    state.last_decision = Decision(1, "goodput", {})
+    assert not adaptive.probing()
