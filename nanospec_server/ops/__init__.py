@@ -7,6 +7,7 @@ they apply, else the reference.
 ``NANOSPEC_OPS=reference|cpu|triton|cuda`` allows only that backend (plus the reference).
 """
 
+import torch
 from torch import Tensor
 
 from nanospec_server.ops import reference
@@ -89,6 +90,17 @@ def union_apply(
     return True
 
 
+def topk_indices(logits: Tensor, k: int) -> Tensor:
+    """Indices [rows, k] of each row's k largest logits, descending. On a CPU (float32 or
+    bfloat16) one C++ pass per row, the lowest index first among equal values; elsewhere
+    ``torch.topk`` (order among equal values unspecified)."""
+    k = min(k, logits.shape[-1])
+    fast = logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16)
+    if fast and logits.dim() == 2 and k > 0 and (cpu := cpu_ops()) is not None:
+        return cpu.topk_rows(logits, k)
+    return logits.topk(k, dim=-1).indices
+
+
 def cpu_vocab_kernels(window, head):
     """Fused C++ append/refresh for a CPU (window, head) pair, or None where they do not
     apply (CUDA tensors, mixed dtypes, no compiler, or another backend forced)."""
@@ -105,5 +117,6 @@ __all__ = [
     "packed_topk",
     "window_refresh",
     "union_apply",
+    "topk_indices",
     "cpu_vocab_kernels",
 ]

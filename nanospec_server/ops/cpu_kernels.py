@@ -1,6 +1,7 @@
-"""The CPU fast path (``ops/kernels/vocab_cpu.cpp``), built with the system C++ compiler.
+"""The CPU fast path (``ops/kernels/vocab_cpu.cpp``, ``ops/kernels/topk_cpu.cpp``), built with
+the system C++ compiler.
 
-The source has no torch headers, so it builds in about a second; the shared library is
+The sources have no torch headers, so they build in a few seconds; the shared library is
 cached by source hash under ``$NANOSPEC_CACHE`` (default ``~/.cache/nanospec``) and called
 through ctypes. State tensors never move, so their pointers are taken once.
 """
@@ -20,7 +21,7 @@ from nanospec_server.env import cache as cache_env
 from nanospec_server.ops.build import KERNEL_DIR
 from nanospec_server.ops.w_max import w_max_per_row
 
-SOURCE = KERNEL_DIR / "vocab_cpu.cpp"
+SOURCES = (KERNEL_DIR / "vocab_cpu.cpp", KERNEL_DIR / "topk_cpu.cpp")
 
 
 @functools.cache
@@ -28,18 +29,20 @@ def library() -> ctypes.CDLL:
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if compiler is None:
         raise FileNotFoundError("no C++ compiler")
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES)).hexdigest()[:16]
     cache = Path(raw if (raw := cache_env()) is not None else Path.home() / ".cache" / "nanospec")
     target = cache / f"vocab_cpu-{digest}.so"
     if not target.exists():
         cache.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".{os.getpid()}.tmp")  # atomic for concurrent builds
-        command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", str(SOURCE), "-o"]
+        sources = [str(path) for path in SOURCES]
+        command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", *sources, "-o"]
         subprocess.run([*command, str(partial)], check=True, capture_output=True)
         partial.rename(target)
     lib = ctypes.CDLL(str(target))
     lib.nanospec_append.restype = ctypes.c_int64
     lib.nanospec_refresh.restype = ctypes.c_int64
+    lib.nanospec_topk_rows.restype = None
     return lib
 
 
@@ -94,3 +97,25 @@ class CpuVocabKernels:
             _int(len(slots)), _ptr(slots), _ptr(w_max), *self.sizes, ctypes.c_bool(release),
             *self.refresh_state,
         )  # fmt: skip
+
+
+def topk_rows(logits: Tensor, k: int) -> Tensor:
+    """Indices [rows, k] (int64) of each row's k largest entries of a CPU float32 or
+    bfloat16 matrix: descending value, the lowest index first among equal values, NaN
+    never among them (a row with fewer than k entries above -inf gets the lowest indices
+    not taken). Rows are split among torch's intra-op threads."""
+    rows, cols = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    out = torch.empty((rows, k), dtype=torch.int64)
+    library().nanospec_topk_rows(
+        _ptr_any(logits), _int(rows), _int(cols), _int(logits.stride(0)), _int(k),
+        ctypes.c_bool(logits.dtype == torch.bfloat16), _ptr(out), _int(torch.get_num_threads()),
+    )  # fmt: skip
+    return out
+
+
+def _ptr_any(tensor: Tensor) -> ctypes.c_void_p:
+    """The data pointer of a CPU tensor whose rows are dense (its row stride may be larger)."""
+    assert tensor.device.type == "cpu" and tensor.stride(-1) == 1
+    return ctypes.c_void_p(tensor.data_ptr())

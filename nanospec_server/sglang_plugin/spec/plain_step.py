@@ -27,6 +27,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 
+from nanospec_server import ops
 from nanospec_server.sglang_plugin.spec.verify_capture import LAST_VERIFY, VerifyCandidates
 
 # The ScheduleBatch fields the plain forward changes; put back before the draft side runs.
@@ -111,7 +112,7 @@ def run(worker, batch, k_ver: int) -> GenerationBatchResult:
         )
         logits_output = output.logits_output
         logits = logits_output.next_token_logits
-        top = logits.topk(min(k_ver, logits.shape[-1]), dim=-1).indices if k_ver > 0 else None
+        top = ops.topk_indices(logits, k_ver) if k_ver > 0 else None
         raw = logits.clone() if saved["return_logprob"] else None  # the sampler scales in place
         next_ids = runner.sample(logits_output, forward_batch).to(torch.int32)
     finally:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nanospec_server import ops
+
 
 @dataclass
 class VerifyCandidates:
@@ -43,7 +45,7 @@ def eagle_sample_hook(original: Callable, verify_input, batch, logits_output, *a
     logits = logits_output.next_token_logits
     top = None
     if batch_size and k > 0 and logits is not None and logits.shape[0] % batch_size == 0:
-        top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices  # before any edit
+        top = ops.topk_indices(logits, k)  # before any edit
     result = original(verify_input, batch, logits_output, *args, **kwargs)
     if batch_size and verify_input.draft_token.numel() % batch_size == 0:
         tree = verify_input.draft_token.view(batch_size, -1)

@@ -1,0 +1,66 @@
+"""The C++ row top-k (ops/kernels/topk_cpu.cpp) against a plain reference: a stable sort
+of each row, descending (the lowest index first among equal values), NaN never chosen.
+Rows with many ties, NaN and -inf, widths around the kernel's 64-entry blocks, row
+strides past the width, float32 and bfloat16."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanospec_server import ops
+from nanospec_server.ops import cpu_kernels
+
+
+def reference(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Stable sort, descending; NaN as -inf; a row short of k entries above -inf takes the
+    lowest indices not yet taken (what the kernel documents)."""
+    values = logits.float().nan_to_num(nan=float("-inf"), posinf=float("inf"))
+    rows = []
+    for row in values:
+        order = torch.sort(-row, stable=True).indices.tolist()
+        above = [i for i in order if row[i] > float("-inf")][:k]
+        rest = [i for i in range(row.numel()) if i not in above]
+        rows.append(above + rest[: k - len(above)])
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+@st.composite
+def matrices(draw):
+    rows = draw(st.integers(1, 5))
+    cols = draw(st.sampled_from([1, 3, 63, 64, 65, 130, 1000]))
+    k = draw(st.integers(1, min(cols, 8)))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    distinct = draw(st.sampled_from([2, 5, 1000]))  # few distinct values: many ties
+    seed = draw(st.integers(0, 2**31 - 1))
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-distinct, distinct, (rows, cols + 3), generator=generator).float()
+    special = torch.rand((rows, cols + 3), generator=generator)
+    if draw(st.booleans()):
+        logits[special < 0.1] = float("nan")
+    if draw(st.booleans()):
+        logits[special > 0.8] = float("-inf")
+    strided = draw(st.booleans())  # a view whose rows are longer than its width
+    logits = logits.to(dtype)
+    return (logits[:, :cols] if strided else logits[:, :cols].contiguous()), k
+
+
+@settings(max_examples=300, deadline=None)
+@given(matrices())
+def test_topk_rows_matches_a_stable_sort(case):
+    logits, k = case
+    assert torch.equal(cpu_kernels.topk_rows(logits, k), reference(logits, k))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_topk_indices_gives_the_values_torch_topk_gives_over_a_vocabulary(dtype):
+    logits = torch.randn(9, 151_936).to(dtype)
+    ours = ops.topk_indices(logits, 3)
+    values, _ = logits.topk(3, dim=-1)
+    assert torch.equal(logits.gather(1, ours), values)
+    assert torch.equal(ours, reference(logits, 3))
+
+
+def test_topk_indices_clamps_k_to_the_width():
+    logits = torch.tensor([[0.5, 2.0]])
+    assert ops.topk_indices(logits, 5).tolist() == [[1, 0]]
