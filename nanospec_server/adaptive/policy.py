@@ -133,6 +133,16 @@ class StepCostModel:
         """The depths timed ``min_samples`` times: those a prediction may be trusted at."""
         return {k for k, n in self.timings_per_depth().items() if n >= self.min_samples}
 
+    def cell_timed(self, batch_size: int, depth: int) -> bool:
+        """Whether the step ``predict`` prices at this batch size and depth has its own
+        cell timed ``min_samples`` times (a depth-0 step: its plain cell, where plain steps
+        run)."""
+        cells = (PLAIN_CELL, VERIFY_CELL) if depth == 0 else (VERIFY_CELL,)
+        return any(
+            len(self._timings.get((batch_size, depth, cell), ())) >= self.min_samples
+            for cell in cells
+        )
+
     def largest_batch_timed(self, depth: int) -> int:
         """The largest batch size with a timing at this depth (0 if none)."""
         timed = (b for b, k, cell in self._timings if k == depth and cell != CATCH_UP_CELL)
@@ -372,7 +382,9 @@ class GoodputPolicy:
             # smaller batches only: time the cheap depth at this size before trusting it.
             return Decision(shallowest, "probe", predicted)
         chosen, reason = self._settle(_argmax(predicted), predicted, batch_size)
-        if not _steady(batch_size, self._batch_at_probe):  # another load: probe as at first
+        if not _steady(batch_size, self._batch_at_probe) and not self._neighbours_timed(
+            batch_size, chosen
+        ):  # another load, whose neighbouring steps are not timed yet: probe as at first
             self._probe_interval = self.probe_every
             self._next_probe = min(self._next_probe, self.steps + self.probe_every)
             self._batch_at_probe = batch_size
@@ -517,6 +529,17 @@ class GoodputPolicy:
             if counts.get(depth, 0) < self.cost.min_samples:
                 return depth
         return None
+
+    def _neighbours_timed(self, batch_size: int, depth: int) -> bool:
+        """Whether the steps a probe from ``depth`` would run at this batch size (the
+        candidates either side) are each timed ``min_samples`` times already. A load that
+        drains (a burst's tail: 32 requests, then 13, then 8) changes its batch size by a
+        third again and again; probing each at the base rate cost a drafting step and the
+        catch-up before it every 32 steps (~2% of a plain step's time at batch 13), to
+        time cells whose own medians price them already."""
+        index = self.candidates.index(depth)
+        around = self.candidates[max(index - 1, 0) : index + 2]
+        return all(self.cost.cell_timed(batch_size, k) for k in around if k != depth)
 
     def _neighbour(self, depth: int) -> int:
         """The next candidate up or down (alternating; up from 0, down from the deepest)."""

@@ -234,6 +234,27 @@ def test_probes_back_off_under_a_steady_load() -> None:
     assert sum(d.reason == "probe" for d in moved) >= 2  # back at the base interval
 
 
+def test_a_draining_load_probes_less_once_the_probed_steps_are_timed() -> None:
+    """A burst's tail shrinks the batch by a third again and again. Where the steps a probe
+    would run are timed at each of its sizes, the interval keeps doubling through the
+    drain; where they are not, each new size is probed from the base interval."""
+    coef = np.array([0.100, 0.010, 0.005, 0.010])
+    drain = [32, 21, 14, 9, 6, 4]
+
+    def probes(timings_per_cell: int) -> int:
+        policy = ready_policy(coef, 0.1, [0, 1, 2, 3], probe_every=8, max_probe_every=512)
+        for b in drain:
+            for k in policy.candidates:
+                for _ in range(timings_per_cell):
+                    policy.cost.observe(b, k, float(step_features(b, k) @ coef))
+        decisions = [policy.choose(b) for b in drain for _ in range(40)]
+        assert {d.depth for d in decisions if d.reason != "probe"} == {0}
+        return sum(d.reason == "probe" for d in decisions)
+
+    timed, untimed = probes(3), probes(0)
+    assert timed <= 5 and untimed >= 2 * len(drain), (timed, untimed)
+
+
 def test_a_switch_needs_the_gain_on_consecutive_decisions() -> None:
     """Hysteresis: one decision that favours another depth does not move the settled one."""
     coef = np.array([0.100, 0.010, 0.005, 0.010])
