@@ -142,6 +142,20 @@ def test_acceptance_estimate_converges_to_the_geometric_rate(p, depth, seed) -> 
     assert estimate.rate == pytest.approx(p, abs=0.08)
 
 
+def test_the_estimate_follows_the_requests_drafting_now_at_any_batch_size() -> None:
+    """After a long load of 16 requests with 70% of drafts accepted, 8 requests that
+    accept almost none pull the estimate below 0.45 within five steps (forgetting by
+    batch step, it stayed near 0.66)."""
+    estimate = AcceptanceEstimate()
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        estimate.observe([int(rng.random() < 0.7) for _ in range(16)], depth=1)
+    assert estimate.rate == pytest.approx(0.7, abs=0.1)
+    for _ in range(5):
+        estimate.observe([0] * 8, depth=1)
+    assert estimate.rate < 0.45
+
+
 def test_no_draft_no_acceptance_evidence() -> None:
     estimate = AcceptanceEstimate()
     estimate.observe([0, 0, 0], depth=0)
