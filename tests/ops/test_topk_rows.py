@@ -15,7 +15,8 @@ from nanospec_server.ops import cpu_kernels
 def reference(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Stable sort, descending; NaN as -inf; a row short of k entries above -inf takes the
     lowest indices not yet taken (what the kernel documents)."""
-    values = logits.float().nan_to_num(nan=float("-inf"), posinf=float("inf"))
+    inf = float("inf")
+    values = logits.float().nan_to_num(nan=-inf, posinf=inf, neginf=-inf)
     rows = []
     for row in values:
         order = torch.sort(-row, stable=True).indices.tolist()
