@@ -31,7 +31,7 @@ def library() -> ctypes.CDLL:
         raise FileNotFoundError("no C++ compiler")
     digest = hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES)).hexdigest()[:16]
     cache = Path(raw if (raw := cache_env()) is not None else Path.home() / ".cache" / "nanospec")
-    target = cache / f"vocab_cpu-{digest}.so"
+    target = cache / f"cpu_kernels-{digest}.so"
     if not target.exists():
         cache.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".{os.getpid()}.tmp")  # atomic for concurrent builds
