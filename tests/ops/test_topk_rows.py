@@ -65,3 +65,18 @@ def test_topk_indices_gives_the_values_torch_topk_gives_over_a_vocabulary(dtype)
 def test_topk_indices_clamps_k_to_the_width():
     logits = torch.tensor([[0.5, 2.0]])
     assert ops.topk_indices(logits, 5).tolist() == [[1, 0]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(matrices(), st.booleans())
+def test_the_first_column_is_torchs_argmax_on_rows_with_a_maximum(case, with_posinf):
+    """A plain step reads its greedy tokens from the top-k (`plain_step.argmax_from_top`):
+    on every row with something to pick (no NaN, not all -inf), the first column is
+    torch.argmax's answer, +inf and ties included."""
+    logits, k = case
+    logits = logits.clone()
+    if with_posinf:
+        logits[:, :: max(1, logits.shape[1] // 3)] = float("inf")
+    usable = ~torch.isnan(logits).any(dim=1) & (logits.float().amax(dim=1) > float("-inf"))
+    first = ops.topk_indices(logits, k)[:, 0]
+    assert torch.equal(first[usable], torch.argmax(logits, dim=-1)[usable])

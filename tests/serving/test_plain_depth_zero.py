@@ -85,6 +85,8 @@ def test_depth_zero_runs_the_plain_decode_path_bit_identically(
     assert set(at_zero["steps_by_depth"]) == {"0"}, at_zero
     assert at_zero["plain_steps"] == at_zero["steps_by_depth"]["0"] > 0, at_zero
     assert at_zero["depth_0_verifies"] == 0, at_zero
+    # Greedy, no sampler edits: each plain step read its tokens from its top-k pass.
+    assert at_zero["plain_steps_argmax_from_topk"] == at_zero["plain_steps"], at_zero
     assert {step["path"] for step in at_zero["recent_steps"]} == {"plain"}, at_zero
     # Each plain step emitted one token and was counted once, apart from draft steps.
     record = one["meta_info"]["nanospec"][-1]

@@ -139,6 +139,7 @@ class AdaptiveState:
     timed_steps: int = 0
     extends_skipped: int = 0  # depth-0 steps that ran without the draft extend
     plain_steps: int = 0  # depth-0 steps that ran SGLang's plain decode path
+    plain_steps_argmax_from_topk: int = 0  # of those, greedy ones that read the top-k pass
     depth_0_verifies: int = 0  # depth-0 steps that ran SGLang's verify (TARGET_VERIFY)
     verify_reasons: Counter = field(default_factory=Counter)  # depth-0 steps kept on verify
     prefill_topks_skipped: int = 0  # prefills that went without NanoSpec's top-K_pre
@@ -184,6 +185,7 @@ class AdaptiveState:
             "extends_skipped": self.extends_skipped,
             "plain_depth_0": self.plain_steps_enabled,
             "plain_steps": self.plain_steps,
+            "plain_steps_argmax_from_topk": self.plain_steps_argmax_from_topk,
             "depth_0_verifies": self.depth_0_verifies,
             "depth_0_on_verify_path": dict(self.verify_reasons),
             "catch_up_tokens": self.catch_up.tokens_caught_up if self.catch_up else 0,
@@ -348,7 +350,8 @@ def _plain_depth_zero(worker, batch, state: AdaptiveState, on_publish):
     state.pending = None
     state.path = PLAIN
     state.plain_steps += 1
-    result = plain_step.run(worker, batch, LAST_VERIFY.k_ver)
+    result, from_top = plain_step.run(worker, batch, LAST_VERIFY.k_ver)
+    state.plain_steps_argmax_from_topk += from_top
     if on_publish is not None:
         on_publish(result.new_seq_lens)
     catch_up = state.catch_up
