@@ -526,3 +526,24 @@ def test_no_probe_up_from_depth_0_when_no_draft_could_repay_the_catch_up() -> No
     assert probes(CatchUpDebt(positions=0, tokens_left=2048))
     assert probes(CatchUpDebt(positions=10, tokens_left=2048))
     assert not probes(CatchUpDebt(positions=50_000, tokens_left=2048))
+
+
+def test_a_load_that_comes_back_keeps_its_probe_interval() -> None:
+    """Bursts of 16 that drain to one request: the lone request drafts (a new settled
+    depth), the next burst settles at depth 0 again. Its probes go on at the interval the
+    last burst's had reached instead of starting again from the base one."""
+    coef = np.array([0.100, 0.010, 0.005, 0.010])
+    policy = ready_policy(coef, 0.5, [0, 1, 2, 3], probe_every=8, max_probe_every=512)
+    policy.acceptance = AcceptanceEstimate(successes=5, trials=100)  # only a lone request drafts
+
+    def burst() -> list[Decision]:
+        decisions = [policy.choose(16) for _ in range(120)]
+        policy.acceptance = AcceptanceEstimate(successes=990, trials=1000)
+        tail = [policy.choose(1) for _ in range(20)]
+        assert policy.settled > 0, tail
+        policy.acceptance = AcceptanceEstimate(successes=5, trials=100)
+        return decisions
+
+    first = sum(d.reason == "probe" for d in burst())
+    later = [sum(d.reason == "probe" for d in burst()) for _ in range(4)]
+    assert first >= 3 and all(n <= 1 for n in later), (first, later)
