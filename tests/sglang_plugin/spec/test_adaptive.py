@@ -93,7 +93,9 @@ def test_a_plain_step_that_runs_the_draft_extend_is_timed_apart(adaptive, monkey
     )
     monkeypatch.setattr(adaptive, "draft_tp_context", lambda layout: nullcontext())
     monkeypatch.setattr(adaptive.plain_step, "verify_reason", lambda batch: None)
-    monkeypatch.setattr(adaptive.plain_step, "run", lambda worker, batch, k: (SimpleNamespace(), False))
+    monkeypatch.setattr(
+        adaptive.plain_step, "run", lambda worker, batch, k: (SimpleNamespace(), False)
+    )
     adaptive._plain_depth_zero(worker, SimpleNamespace(seq_lens=torch.zeros(2)), state, None)
     assert paths_while_extending == ["plain"]  # the window takes the step as a plain one
     assert state.path == "plain-catch-up"
