@@ -17,6 +17,7 @@ CPU_LINEAR = "NANOSPEC_CPU_LINEAR"
 CPU_SHIM = "NANOSPEC_CPU_SHIM"
 CPU_THREADS = "NANOSPEC_CPU_THREADS"
 FREE_MEMORY_BYTES = "NANOSPEC_FREE_MEMORY_BYTES"
+FORWARD_LOG = "NANOSPEC_FORWARD_LOG"
 FUSED_TOPK = "NANOSPEC_FUSED_TOPK"
 OPS = "NANOSPEC_OPS"
 RECORD_STREAMS = "NANOSPEC_RECORD_STREAMS"
@@ -72,6 +73,11 @@ def cpu_threads() -> int | None:
     """NANOSPEC_CPU_THREADS: threads per scheduler process. Unset: from the host's cores."""
     value = os.environ.get(CPU_THREADS)
     return int(value) if value else None
+
+
+def forward_log() -> str | None:
+    """NANOSPEC_FORWARD_LOG: a path prefix; each scheduler process appends a line per model forward to PREFIX.PID (`sglang_plugin/stats/forward_log.py`). Unset: none."""
+    return os.environ.get(FORWARD_LOG) or None
 
 
 def fused_topk() -> bool:

@@ -257,6 +257,13 @@ WORKER_INIT_CUDA_GRAPHS = Seam(
     "our depth policy enters SGLang's AdaptiveController once the graphs are built",
     _ADAPTIVE,
 )
+MODEL_FORWARD = Seam(
+    "MODEL_FORWARD",
+    "sglang.srt.model_executor.model_runner.ModelRunner.forward",
+    SeamKind.AROUND,
+    "with NANOSPEC_FORWARD_LOG set, log each forward's time and the time between forwards",
+    f"{PLUGIN}.stats.forward_log",
+)
 WORKER_FORWARD = Seam(
     "WORKER_FORWARD",
     f"{_EAGLE_WORKER}.forward_batch_generation",

@@ -29,7 +29,9 @@ def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
         install_cpu_linear_hooks()
         seams.apply()  # before the groups and the model, with or without speculation
     from nanospec_server.sglang_plugin.requests import grammar_conflict, no_token_left
+    from nanospec_server.sglang_plugin.stats import forward_log
 
+    forward_log.register_hooks()  # every server, plain decoding's too: off unless asked
     grammar_conflict.register_hooks()  # every server: a client's clash is a 400, not a 500
     if server_args.device == "cpu":
         # A request that leaves no token to sample ends alone, not the scheduler. CPU only:
