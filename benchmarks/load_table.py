@@ -15,6 +15,13 @@ server with adaptive speculation turned off live (``{"adaptive": false}``: the l
 fixed depth). Records go to ``--out/records.jsonl`` as each batch ends (a rerun skips
 those stored), the table to ``--out/table.md``.
 
+``--sessions N`` splits the rounds among N pairs of freshly started servers (round r in
+pair r mod N). One server process can run its forwards 10-15% slower than another of the
+same code on the same host for its whole life (two speculative servers of one commit beside
+one plain server, the same batches in rotating order: 0.88-0.94 against 0.98-1.02 of plain
+decoding's throughput, the slow one's every decode forward 10-15% longer): with one pair,
+that draw is in every round of the table.
+
     python benchmarks/load_table.py --pair default --out /tmp/load-default
     python benchmarks/load_table.py --pair eagle --out /tmp/load-eagle
     python benchmarks/load_table.py --out /tmp/load-eagle --report   # the table again
@@ -174,6 +181,12 @@ def main() -> None:
         "--rounds-at", nargs="*", default=[], metavar="C=N", help="fewer rounds at some c"
     )
     parser.add_argument("--fixed-at", type=int, nargs="*", default=[1])
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=1,
+        help="fresh server pairs the rounds are split among (round r in session r mod N)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--max-total-tokens", type=int, default=16384)
@@ -201,29 +214,37 @@ def main() -> None:
     host = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line for line in host.splitlines() if "Model name" in line), "")
     print(f"{model.strip()}; speculative server: {' '.join(spec)}", flush=True)
-    with running_servers(servers, one_at_a_time=True) as urls, path.open("a") as out:
-        for name in urls:  # a first request pays one-time costs outside the table
-            run_batch(urls[name], prompts[:1], 8)
-        used = 0
-        for c in args.concurrency:
-            for round_ in range(rounds_at.get(c, args.rounds)):
-                batch, used = prompts[used : used + c], used + c
-                names = ["plain", "adaptive"] + (["fixed"] if c in args.fixed_at else [])
-                order = names if round_ % 2 == 0 else names[::-1]
-                for name in order:
-                    key = f"{c}|{round_}|{name}"
-                    if key in records:
-                        continue
-                    url = urls["plain" if name == "plain" else "speculative"]
-                    if name != "plain":
-                        set_adaptive(url, name == "adaptive")
-                    record = {"key": key, **run_batch(url, batch, args.max_new_tokens)}
-                    records[key] = record
-                    out.write(json.dumps(record) + "\n")
-                    out.flush()
-                    print(f"c={c} round {round_} {name}: {tokens_per_s(record):.2f} tok/s", flush=True)  # fmt: skip
-            set_adaptive(urls["speculative"], True)
-            print(table(records, [c]), flush=True)
+    first_prompt, start = {}, 0  # each (c, round) keeps its batch whatever the sessions
+    for c in args.concurrency:
+        for round_ in range(rounds_at.get(c, args.rounds)):
+            first_prompt[c, round_], start = start, start + c
+    for session in range(args.sessions):
+        pending = [key for key in first_prompt if key[1] % args.sessions == session]
+        if all(f"{c}|{r}|plain" in records for c, r in pending):
+            continue
+        with running_servers(servers, one_at_a_time=True) as urls, path.open("a") as out:
+            for name in urls:  # a first request pays one-time costs outside the table
+                run_batch(urls[name], prompts[:1], 8)
+            for c in args.concurrency:
+                for round_ in (r for cc, r in pending if cc == c):
+                    batch = prompts[first_prompt[c, round_] : first_prompt[c, round_] + c]
+                    names = ["plain", "adaptive"] + (["fixed"] if c in args.fixed_at else [])
+                    order = names if round_ % 2 == 0 else names[::-1]
+                    for name in order:
+                        key = f"{c}|{round_}|{name}"
+                        if key in records:
+                            continue
+                        url = urls["plain" if name == "plain" else "speculative"]
+                        if name != "plain":
+                            set_adaptive(url, name == "adaptive")
+                        record = {"key": key, "session": session}
+                        record |= run_batch(url, batch, args.max_new_tokens)
+                        records[key] = record
+                        out.write(json.dumps(record) + "\n")
+                        out.flush()
+                        print(f"session {session} c={c} round {round_} {name}: {tokens_per_s(record):.2f} tok/s", flush=True)  # fmt: skip
+                set_adaptive(urls["speculative"], True)
+                print(table(records, [c]), flush=True)
     result = table(records, args.concurrency)
     (args.out / "table.md").write_text(result + "\n")
     print(result)
