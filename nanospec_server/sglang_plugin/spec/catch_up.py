@@ -98,14 +98,11 @@ class DraftCatchUp:
         if not self.keeps_hidden or hidden is None:
             return
         positions = batch.seq_lens.tolist()
-        # One copy of the step's rows, shared by views (a clone per row cost more at a batch
-        # of 32 than the rest of this bookkeeping).
-        rows = hidden.clone().unbind(0)
-        for req, position, row in zip(batch.reqs, positions, rows, strict=True):
+        for req, position, row in zip(batch.reqs, positions, hidden, strict=True):
             kept = self.kept.get(req.rid)
             if kept is None or kept.first + len(kept.rows) != position:
                 kept = self.kept[req.rid] = KeptHidden(position)  # a new run of misses
-            kept.rows.append(row)
+            kept.rows.append(row.clone())
             if len(kept.rows) > self.cap:
                 kept.rows.pop(0)
                 kept.first += 1
