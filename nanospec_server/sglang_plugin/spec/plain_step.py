@@ -124,7 +124,8 @@ def run(worker, batch, k_ver: int) -> tuple[GenerationBatchResult, bool]:
         if not from_top:
             next_ids = runner.sample(logits_output, forward_batch)
         next_ids = next_ids.to(torch.int32)
-        top = top[:, :k_ver] if k_ver > 0 else None
+        if k_ver == 0:
+            top = None  # taken for the argmax only: the window gets no candidates
     finally:
         for name, value in saved.items():
             setattr(batch, name, value)
@@ -136,7 +137,7 @@ def run(worker, batch, k_ver: int) -> tuple[GenerationBatchResult, bool]:
         logits_output.next_token_logits = raw
         compute_spec_logprobs(batch, logits_output, next_ids, accept_index=accept_index)
     LAST_VERIFY.last = _candidates(bonus, top, size)
-    result = GenerationBatchResult(
+    return GenerationBatchResult(
         logits_output=logits_output,
         next_token_ids=next_ids,
         can_run_cuda_graph=output.can_run_cuda_graph,
@@ -145,22 +146,20 @@ def run(worker, batch, k_ver: int) -> tuple[GenerationBatchResult, bool]:
         accept_lens=torch.ones(size, dtype=torch.int32, device=next_ids.device),
         accept_index=accept_index,
         new_seq_lens=seq_lens + 1,
-    )
-    return result, from_top
+    ), from_top
 
 
 def takes_argmax(runner, forward_batch) -> bool:
     """Whether SGLang's sampler would take each row's argmax of the logits as they are: every
     request greedy, and nothing that edits logits or watches the sampler. Grammar, penalties,
-    logit bias and custom logit processors already send the batch to the verify path
-    (`verify_reason`); an active sampling observer or n-gram embedding keeps the sampler."""
+    logit bias, custom logit processors and watermarks already sent the batch to the verify
+    path (`verify_reason`, checked before a plain step runs); an active sampling observer or
+    n-gram embedding keeps the sampler."""
     info = forward_batch.sampling_info
-    if not info.is_all_greedy or info.grammars or info.has_custom_logit_processor:
+    if not info.is_all_greedy:
         return False
     observer = runner.sampling_observer
     if observer is not None and observer.is_active(info):
-        return False
-    if runner.watermark_state is not None and info.has_watermark_candidates:
         return False
     return getattr(forward_batch, "ngram_embedding_info", None) is None
 
