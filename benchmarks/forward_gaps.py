@@ -20,13 +20,19 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from nanospec_server.sglang_plugin.stats.forward_log import FIELDS
+
 
 def read(path: Path) -> list[dict]:
+    """The log's lines as dicts keyed by the writer's `FIELDS`, with numbers parsed."""
     rows = []
     for text in path.read_text().splitlines():
-        start, seconds, gap, mode, batch, kv, draft = text.split()
-        rows.append({"start": float(start), "seconds": float(seconds), "gap": float(gap),
-                     "mode": mode, "batch": int(batch), "kv": int(kv), "draft": draft == "1"})  # fmt: skip
+        row = dict(zip(FIELDS, text.split(), strict=True))
+        for name in ("start", "seconds", "gap"):
+            row[name] = float(row[name])
+        row["batch"], row["kv"] = int(row.pop("batch_size")), int(row.pop("kv_tokens"))
+        row["draft"] = row["draft"] == "1"
+        rows.append(row)
     return rows
 
 

@@ -218,17 +218,21 @@ def main() -> None:
     for c in args.concurrency:
         for round_ in range(rounds_at.get(c, args.rounds)):
             first_prompt[c, round_], start = start, start + c
+
+    def servers_at(c: int) -> list[str]:
+        return ["plain", "adaptive"] + (["fixed"] if c in args.fixed_at else [])
+
     for session in range(args.sessions):
         pending = [key for key in first_prompt if key[1] % args.sessions == session]
-        if all(f"{c}|{r}|plain" in records for c, r in pending):
-            continue
+        if all(f"{c}|{r}|{name}" in records for c, r in pending for name in servers_at(c)):
+            continue  # a rerun: this pair's batches are all stored
         with running_servers(servers, one_at_a_time=True) as urls, path.open("a") as out:
             for name in urls:  # a first request pays one-time costs outside the table
                 run_batch(urls[name], prompts[:1], 8)
             for c in args.concurrency:
                 for round_ in (r for cc, r in pending if cc == c):
                     batch = prompts[first_prompt[c, round_] : first_prompt[c, round_] + c]
-                    names = ["plain", "adaptive"] + (["fixed"] if c in args.fixed_at else [])
+                    names = servers_at(c)
                     order = names if round_ % 2 == 0 else names[::-1]
                     for name in order:
                         key = f"{c}|{round_}|{name}"
