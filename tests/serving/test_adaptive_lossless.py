@@ -153,6 +153,8 @@ def test_our_policy_is_lossless_for_every_draft_kind(serve, plain_outputs, kind:
     # ... under changing batch sizes (over every step: the recent ones may all be the tail's)
     assert len(stats["steps_by_batch_size"]) >= 2, stats
     assert all(step["step_ms"] > 0 for step in stats["recent_steps"])  # timed on a CPU
+    cycles = [step for step in stats["recent_steps"] if "cycle_ms" in step]  # priced whole
+    assert cycles and all(step["cycle_ms"] >= step["step_ms"] for step in cycles), stats
 
 
 def streamed_snapshots(

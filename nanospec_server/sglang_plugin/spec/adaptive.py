@@ -39,7 +39,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from sglang.srt.arg_groups.overrides import resolved_view, resolving_view
@@ -137,6 +137,10 @@ class AdaptiveState:
     next_drafts_stale: bool = False
     drafting_stale: bool = False
     timed_steps: int = 0
+    # On a CPU, the last decode step's start, record and /stats entry: its cost is observed
+    # when the next decode step starts (`close_cycle`), the scheduler's work between them
+    # included; None after a prefill ran between (an untimed cycle).
+    open_cycle: tuple[float, StepRecord, dict] | None = None
     extends_skipped: int = 0  # depth-0 steps that ran without the draft extend
     plain_steps: int = 0  # depth-0 steps that ran SGLang's plain decode path
     plain_steps_argmax_from_topk: int = 0  # of those, greedy ones that read the top-k pass
@@ -146,16 +150,35 @@ class AdaptiveState:
     prefills_deferred: int = 0  # prefills whose top-K_pre wait for the first drafting step
     draft_prefills_skipped: int = 0  # prefills that went without the draft's (caught up later)
 
-    def record(self, batch_size: int, depth: int, seconds: float | None) -> None:
+    def record(
+        self, batch_size: int, depth: int, seconds: float | None, cycle_from: float | None = None
+    ) -> None:
+        """Count a decode step; the policy observes its ``seconds``, or with ``cycle_from``
+        (its start) the time until the next decode step starts (`close_cycle`)."""
         self.steps_by_depth[depth] += 1
         self.steps_by_batch_size[batch_size] += 1
         reason = self.last_decision.reason if self.last_decision else None
         entry = {"batch_size": batch_size, "depth": depth, "path": self.path, "reason": reason}
         entry["step_ms"] = round(1000 * seconds, 3) if seconds is not None else None
         self.recent.append(entry)
-        if self.policy is not None:
-            record = StepRecord(batch_size, depth, self.path, seconds, self.caught_up)
+        if self.policy is None:
+            return
+        record = StepRecord(batch_size, depth, self.path, seconds, self.caught_up)
+        if cycle_from is None:
             self.policy.observe_step(record)
+        else:
+            self.open_cycle = (cycle_from, record, entry)
+
+    def close_cycle(self, now: float | None) -> None:
+        """The next decode step starts at ``now`` (None: a prefill or an idle step ran
+        since, so the cycle is not one step's): the last one is observed with its cycle."""
+        if self.open_cycle is None:
+            return
+        start, record, entry = self.open_cycle
+        self.open_cycle = None
+        if now is not None and self.policy is not None:
+            entry["cycle_ms"] = round(1000 * (now - start), 3)
+            self.policy.observe_step(replace(record, seconds=now - start))
 
     def catch_up_debt(self, batch_size: int) -> CatchUpDebt:
         """The running batch's catch-up debt: the positions its draft would run over before
@@ -308,10 +331,14 @@ def timed_forward(original, worker, batch, *args, **kwargs):
     state = current().adaptive
     decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
     if state is None or not decode or batch.forward_mode.is_idle():
+        if state is not None:
+            state.close_cycle(None)
         return original(worker, batch, *args, **kwargs)
     cuda = worker.device == "cuda" or str(worker.device).startswith("cuda")
     timed = not cuda or state.timed_steps % CUDA_TIME_EVERY == 0
     state.timed_steps += 1
+    if not cuda:
+        state.close_cycle(time.perf_counter())
     state.path = VERIFY
     state.batch, state.caught_up = batch, 0
     state.drafting_stale, state.next_drafts_stale = state.next_drafts_stale, False
@@ -329,7 +356,12 @@ def timed_forward(original, worker, batch, *args, **kwargs):
     state.last_decode_reqs = list(batch.reqs)
     if worker.speculative_num_steps == 0 and LAST_VERIFY.verifies != verifies:
         state.depth_0_verifies += 1
-    state.record(batch.seq_lens.shape[0], worker.speculative_num_steps, seconds)
+    # On a CPU the policy prices a step by its whole cycle, start to next start: the
+    # scheduler's result processing and the next step's preparation run outside this call
+    # (2-3 ms a step at batch 8). On CUDA the overlap scheduler runs the next step's host
+    # work under this one's kernels: there the synchronized call is the step.
+    cycle_from = None if cuda else start
+    state.record(batch.seq_lens.shape[0], worker.speculative_num_steps, seconds, cycle_from)
     state.batch = None
     return result
 

@@ -104,6 +104,26 @@ def test_a_plain_step_that_runs_the_draft_extend_is_timed_apart(adaptive, monkey
     assert state.path == "plain"
 
 
+def test_a_step_is_priced_by_its_cycle_unless_a_prefill_ran_between(adaptive) -> None:
+    """On a CPU the policy observes a decode step when the next one starts, with the time
+    from start to start (the scheduler's work between them is part of what a step costs);
+    a prefill between them leaves that cycle untimed."""
+    observed = []
+    policy = SimpleNamespace(observe_step=observed.append)
+    state = adaptive.AdaptiveState("goodput", [0, 1], policy)
+    state.record(4, 1, 0.010, cycle_from=100.0)
+    assert observed == []  # not before the next step starts
+    state.close_cycle(100.025)
+    assert [(r.batch_size, r.depth, r.seconds) for r in observed] == [(4, 1, pytest.approx(0.025))]
+    assert state.recent[-1]["step_ms"] == 10.0 and state.recent[-1]["cycle_ms"] == 25.0
+    state.record(4, 0, 0.008, cycle_from=200.0)
+    state.close_cycle(None)  # a prefill ran: the cycle is not one step's
+    state.close_cycle(200.5)
+    assert len(observed) == 1 and "cycle_ms" not in state.recent[-1]
+    state.record(4, 0, 0.008)  # a CUDA step: its own synchronized time, at once
+    assert observed[-1].seconds == 0.008
+
+
 def test_a_probe_step_is_told_apart(adaptive, monkeypatch) -> None:
     """The draft worker skips the deferred top-K_pre at a probe's extend (the batch most
     likely returns to depth 0 after it): it asks ``probing``, which reads the decision in
