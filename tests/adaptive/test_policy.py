@@ -216,6 +216,27 @@ def test_hysteresis_holds_a_depth_against_a_small_gain() -> None:
     assert policy.choose(4).depth == first and policy.choose(4).reason == "hold"
 
 
+def test_hysteresis_never_holds_a_drafting_depth_below_plain_decoding() -> None:
+    """Drafting settled at a small batch (a load's tail) is left as soon as depth 0 is
+    predicted faster at the batch size now (a new burst), however slightly; depth 0 is
+    left only for ``min_gain_leaving_plain``. Timings of the EAGLE pair on a 2-core CPU:
+    a depth-1 step costs 1.125 plain steps at batch 1 and 1.3 at batch 8."""
+    policy = GoodputPolicy([0, 1], probe_every=10**9)
+    policy.acceptance = AcceptanceEstimate(successes=280, trials=1000)
+    for b, plain, drafting in ((1, 0.080, 0.090), (8, 0.100, 0.130)):
+        for _ in range(policy.cost.min_samples + 1):  # the first is a warm-up
+            policy.cost.observe(b, 0, plain, PLAIN_CELL)
+            policy.cost.observe(b, 1, drafting)
+    assert [policy.choose(1).depth for _ in range(3)][-1] == 1  # 1.28 / 1.125: +14%
+    assert policy.goodput(8, 0) < policy.goodput(8, 1) * (1 + policy.min_gain)  # in the band
+    at_eight = [policy.choose(8) for _ in range(20)]
+    confirming = policy.confirm_steps - 1  # decisions that favour depth 0 before it moves
+    assert [d.reason for d in at_eight[:confirming]] == ["hold"] * confirming
+    assert {d.depth for d in at_eight[confirming:]} == {0}, at_eight
+    policy.acceptance = AcceptanceEstimate(successes=340, trials=1000)  # 1.34 / 1.3: +3%
+    assert {policy.choose(8).depth for _ in range(20)} == {0}  # not enough to leave plain
+
+
 @pytest.mark.parametrize("candidates", [[0, 4], [0, 1, 2, 3, 4]])
 def test_cold_start_times_the_full_depth_then_probes(candidates) -> None:
     """A fresh server times plain decoding ``min_samples`` times, the full depth as often,
