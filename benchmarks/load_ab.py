@@ -16,7 +16,7 @@ Presets:
 
     python benchmarks/load_ab.py overlap --rounds 2 --concurrency 8
     python benchmarks/load_ab.py bf16-linear --rounds 2 --concurrency 1 8
-    python benchmarks/load_ab.py serve --rounds 1 --concurrency 8 16
+    python benchmarks/load_ab.py serve --rounds 2 --concurrency 8 16
 """
 
 from __future__ import annotations
