@@ -337,14 +337,14 @@ def timed_forward(original, worker, batch, *args, **kwargs):
     cuda = worker.device == "cuda" or str(worker.device).startswith("cuda")
     timed = not cuda or state.timed_steps % CUDA_TIME_EVERY == 0
     state.timed_steps += 1
-    if not cuda:
-        state.close_cycle(time.perf_counter())
     state.path = VERIFY
     state.batch, state.caught_up = batch, 0
     state.drafting_stale, state.next_drafts_stale = state.next_drafts_stale, False
     if timed and cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
+    if not cuda:
+        state.close_cycle(start)  # the last step's cycle ends where this one's begins
     verifies = LAST_VERIFY.verifies
     result = _plain_depth_zero(worker, batch, state, kwargs.get("on_publish"))
     if result is None:
