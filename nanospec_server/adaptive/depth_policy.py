@@ -3,7 +3,7 @@ the record of a step it observes (no SGLang import)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -55,17 +55,23 @@ class DepthPolicy(Protocol):
     enabled: bool
     pinned: int | None
 
-    def choose(self, batch_size: int) -> Decision:
-        """This step's depth (may change the policy's state: probes, hysteresis)."""
+    def choose(self, batch_size: int, request_ids: Sequence[str] | None = None) -> Decision:
+        """This step's depth (may change the policy's state: probes, hysteresis);
+        ``request_ids`` name the batch's requests where known."""
 
-    def predicted_best(self, batch_size: int) -> int | None:
+    def predicted_best(
+        self, batch_size: int, request_ids: Sequence[str] | None = None
+    ) -> int | None:
         """The depth a fresh decision would take, changing nothing; None if unknown yet."""
 
     def observe_step(self, record: StepRecord) -> None:
         """A decode step's batch size, depth, path and wall time, after it ran."""
 
-    def observe_acceptance(self, accepted: list[int], depth: int) -> None:
-        """Draft tokens each request had accepted at a step that drafted ``depth``."""
+    def observe_acceptance(
+        self, accepted: list[int], depth: int, request_ids: Sequence[str] | None = None
+    ) -> None:
+        """Draft tokens each request had accepted at a step that drafted ``depth`` (the
+        requests ``request_ids``, in the same order, where known)."""
 
     def observe_draft_extend(self, positions: int, seconds: float) -> None:
         """A draft extend over ``positions`` positions (a prefill's) took ``seconds``:

@@ -3,7 +3,7 @@ a depth is pinned: the fixed behaviour, behind the same extension point as goodp
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -28,18 +28,22 @@ class FixedDepthPolicy:
     def depth(self) -> int:
         return self.candidates[-1]
 
-    def choose(self, batch_size: int) -> Decision:
+    def choose(self, batch_size: int, request_ids: Sequence[str] | None = None) -> Decision:
         if self.pinned is not None:
             return Decision(self.pinned, "pinned", {})
         return Decision(self.depth, "fixed", {})
 
-    def predicted_best(self, batch_size: int) -> int | None:
+    def predicted_best(
+        self, batch_size: int, request_ids: Sequence[str] | None = None
+    ) -> int | None:
         return self.choose(batch_size).depth
 
     def observe_step(self, record: StepRecord) -> None:
         pass  # no cost model: the depth does not depend on time
 
-    def observe_acceptance(self, accepted: list[int], depth: int) -> None:
+    def observe_acceptance(
+        self, accepted: list[int], depth: int, request_ids: Sequence[str] | None = None
+    ) -> None:
         self.acceptance.observe(accepted, depth)
 
     def observe_draft_extend(self, positions: int, seconds: float) -> None:

@@ -4,10 +4,10 @@ The rule is SmartSpec's (Liu et al., "Optimizing Speculative Decoding for Servin
 Using Goodput", 2024): for a batch of ``b`` requests, pick the draft depth ``k`` (0 turns
 drafting off for the step) that maximises the expected tokens emitted per second,
 
-    goodput(b, k) = b * E[tokens | k] / T(b, k),
+    goodput(b, k) = sum over the batch's requests of E[tokens | k, p_i] / T(b, k),
 
-where ``E[tokens | k] = 1 + p + ... + p^k`` for a per-position acceptance rate ``p``
-(measured, see ``AcceptanceEstimate``) and ``T(b, k)`` is the wall time of one step on
+where ``E[tokens | k, p] = 1 + p + ... + p^k`` for a per-position acceptance rate ``p``
+(measured per request, see ``RequestAcceptance``) and ``T(b, k)`` is the wall time of one step on
 this host (``StepCostModel``, fitted from live timings). Unlike a fixed batch-size
 threshold (SGLang's ``--speculative-adaptive`` buckets, vLLM's ``disable_by_batch_size``),
 the break-even batch size moves with the measured acceptance and with the host: a draft
@@ -18,9 +18,10 @@ No SGLang import: ``sglang_plugin/spec/adaptive.py`` wires this into SGLang's st
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -284,6 +285,59 @@ class AcceptanceEstimate:
         return sum(p**i for i in range(depth + 1))
 
 
+def expected_tokens(rates: Sequence[float], depth: int) -> float:
+    """Tokens a batch whose requests accept at ``rates`` emits in one step at this depth."""
+    p = np.asarray(rates, dtype=float)
+    return float(np.sum(p[:, None] ** np.arange(depth + 1)))
+
+
+@dataclass
+class RequestAcceptance:
+    """Each request's own acceptance rate, shrunk towards what a new request accepts.
+
+    Requests differ far more than a step's noise (on one batch of chat prompts the same
+    draft had 3 of 30 and 45 of 86 draft tokens accepted), and a server-wide rate answers
+    for the requests that drafted most: a well-predicted request drafting deep adds four or
+    five trials a step, a badly predicted one at depth 1 adds one. Priced at the server's
+    rate, four requests that had nothing accepted drafted 23 more steps (each ~1.4 plain
+    steps) before the rate fell below break-even. Here a request's rate is its own
+    successes and trials (aged per step it drafts) over ``prior_trials`` trials at the
+    new-request rate: the mean of the own rates of the ``recent`` requests that drafted
+    last, each shrunk towards the server-wide rate (which stands alone before any)."""
+
+    prior_trials: float = 2.0
+    decay: float = 0.95  # per step the request drafted: a reply changes what it is writing
+    recent: int = 32
+    remembered: int = 512  # requests kept, the last to draft first out
+    _own: OrderedDict = field(default_factory=OrderedDict)  # rid -> (successes, trials)
+
+    def observe(self, request_ids: Sequence[str], accepted: Sequence[int], depth: int) -> None:
+        if depth <= 0:
+            return
+        for rid, a in zip(request_ids, accepted, strict=True):
+            successes, trials = self._own.pop(rid, (0.0, 0.0))
+            self._own[rid] = (
+                self.decay * successes + a,
+                self.decay * trials + a + (1 if a < depth else 0),
+            )
+        while len(self._own) > self.remembered:
+            self._own.popitem(last=False)
+
+    def new_request_rate(self, server_rate: float) -> float:
+        last = list(islice(reversed(self._own.values()), self.recent))
+        if not last:
+            return server_rate
+        return float(np.mean([self._shrunk(s, t, server_rate) for s, t in last]))
+
+    def rates(self, request_ids: Sequence[str], server_rate: float) -> list[float]:
+        """Each request's rate (a request that has not drafted: the new-request rate)."""
+        prior = self.new_request_rate(server_rate)
+        return [self._shrunk(*self._own.get(rid, (0.0, 0.0)), prior) for rid in request_ids]
+
+    def _shrunk(self, successes: float, trials: float, prior: float) -> float:
+        return (successes + self.prior_trials * prior) / (trials + self.prior_trials)
+
+
 @dataclass(frozen=True)
 class Decision:
     depth: int
@@ -342,6 +396,7 @@ class GoodputPolicy:
     enabled: bool = True
     cost: StepCostModel = field(default_factory=StepCostModel)
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+    requests: RequestAcceptance = field(default_factory=RequestAcceptance)
     pinned: int | None = None  # a depth every step runs at (a live setting), if any
     steps: int = 0
     debt: Callable[[int], CatchUpDebt] | None = None  # the batch's catch-up debt, if priced
@@ -367,10 +422,20 @@ class GoodputPolicy:
     def deepest(self) -> int:
         return self.candidates[-1]
 
-    def goodput(self, batch_size: int, depth: int) -> float:
-        """Predicted tokens per second of a step at this depth (cost model ready)."""
-        tokens = batch_size * self.acceptance.expected_tokens(depth)
-        return tokens / self.cost.predict(batch_size, depth)
+    def goodput(self, batch_size: int, depth: int, rates: Sequence[float] | None = None) -> float:
+        """Predicted tokens per second of a step at this depth (cost model ready), its
+        requests accepting at ``rates`` (default: ``batch_rates``)."""
+        if rates is None:
+            rates = self.batch_rates(batch_size)
+        return expected_tokens(rates, depth) / self.cost.predict(batch_size, depth)
+
+    def batch_rates(self, batch_size: int, request_ids: Sequence[str] | None = None) -> list[float]:
+        """The acceptance rate of each request of the batch: its own where ``request_ids``
+        name them, else the new-request rate for all."""
+        server = self.acceptance.rate
+        if request_ids is not None and len(request_ids) == batch_size:
+            return self.requests.rates(request_ids, server)
+        return [self.requests.new_request_rate(server)] * batch_size
 
     def trusted(self, batch_size: int | None = None) -> list[int]:
         """The candidates whose prediction counts: depth 0 once timed often enough, and the
@@ -386,14 +451,15 @@ class GoodputPolicy:
                 low, high = 1, 0
         return [k for k in self.candidates if (k == 0 and k in timed) or low <= k <= high]
 
-    def choose(self, batch_size: int) -> Decision:
+    def choose(self, batch_size: int, request_ids: Sequence[str] | None = None) -> Decision:
         self.steps += 1
         if fixed := self._fixed():
             return fixed
         explore = self._explore_depth()
         if explore is not None or not self.cost.ready:
             return Decision(self.candidates[0] if explore is None else explore, "explore", {})
-        predicted = {k: self.goodput(batch_size, k) for k in self.trusted(batch_size)}
+        rates = self.batch_rates(batch_size, request_ids)
+        predicted = {k: self.goodput(batch_size, k, rates) for k in self.trusted(batch_size)}
         shallowest = self.candidates[0]
         if batch_size > self.cost.largest_batch_timed(shallowest):
             # The fit cannot split a per-request cost between depths it has timed at
@@ -496,7 +562,9 @@ class GoodputPolicy:
         self.settled = depth
         self._challenger, self._challenges = None, 0
 
-    def predicted_best(self, batch_size: int) -> int | None:
+    def predicted_best(
+        self, batch_size: int, request_ids: Sequence[str] | None = None
+    ) -> int | None:
         """The depth a fresh decision would take at this batch size (no hysteresis, no
         probe, no state changed): the pinned or fixed depth, else the highest predicted
         goodput; None while the cost model is not ready."""
@@ -504,7 +572,8 @@ class GoodputPolicy:
             return fixed.depth
         if not self.cost.ready or self._explore_depth() is not None:
             return None
-        return _argmax({k: self.goodput(batch_size, k) for k in self.trusted(batch_size)})
+        rates = self.batch_rates(batch_size, request_ids)
+        return _argmax({k: self.goodput(batch_size, k, rates) for k in self.trusted(batch_size)})
 
     def observe_step(self, record: StepRecord) -> None:
         if record.seconds is not None:
@@ -513,8 +582,12 @@ class GoodputPolicy:
                 record.batch_size, record.depth, record.seconds, cell, record.caught_up
             )
 
-    def observe_acceptance(self, accepted: list[int], depth: int) -> None:
+    def observe_acceptance(
+        self, accepted: list[int], depth: int, request_ids: Sequence[str] | None = None
+    ) -> None:
         self.acceptance.observe(accepted, depth)
+        if request_ids is not None:
+            self.requests.observe(request_ids, accepted, depth)
 
     def observe_draft_extend(self, positions: int, seconds: float) -> None:
         self.cost.observe_draft_extend(positions, seconds)
@@ -525,6 +598,7 @@ class GoodputPolicy:
         return {
             "pinned_depth": self.pinned,
             "acceptance_rate": self.acceptance.rate,
+            "new_request_acceptance": self.requests.new_request_rate(self.acceptance.rate),
             "cost_model_ready": ready,
             "cost_model_ms": [round(1000 * float(c), 4) for c in self.cost.coefficients()]
             if ready

@@ -16,7 +16,9 @@ from nanospec_server.adaptive.policy import (
     AcceptanceEstimate,
     Decision,
     GoodputPolicy,
+    RequestAcceptance,
     StepCostModel,
+    expected_tokens,
     step_features,
 )
 
@@ -235,6 +237,58 @@ def test_hysteresis_never_holds_a_drafting_depth_below_plain_decoding() -> None:
     assert {d.depth for d in at_eight[confirming:]} == {0}, at_eight
     policy.acceptance = AcceptanceEstimate(successes=340, trials=1000)  # 1.34 / 1.3: +3%
     assert {policy.choose(8).depth for _ in range(20)} == {0}  # not enough to leave plain
+
+
+def drafting_steps_until_plain(policy: GoodputPolicy, ids: list[str] | None) -> int:
+    """Steps four requests that have nothing accepted draft, after a long well-predicted
+    run, before the policy takes them to depth 0 (EAGLE pair timings on a 2-core CPU:
+    a depth-1 step costs 1.27 plain steps at batch 4)."""
+    for b, plain, drafting in ((4, 0.100, 0.127), (1, 0.080, 0.090)):
+        for _ in range(policy.cost.min_samples + 1):  # the first is a warm-up
+            policy.cost.observe(b, 0, plain, PLAIN_CELL)
+            policy.cost.observe(b, 1, drafting)
+    for step in range(400):  # others drafted well: 0.8 accepted per draft token
+        policy.observe_acceptance([1, 1, 1, 0], 1, [f"old-{step}-{i}" for i in range(4)])
+    assert policy.choose(4, ids).depth == 1
+    for steps in range(1, 100):
+        policy.observe_acceptance([0, 0, 0, 0], 1, ids)
+        if policy.choose(4, ids).depth == 0:
+            return steps
+    return 100
+
+
+def test_a_request_that_drafts_badly_stops_drafting_on_its_own_evidence() -> None:
+    """A batch's expected tokens are its requests' own: four requests with nothing accepted
+    go to depth 0 within a few steps, where the server-wide rate (the reference: no
+    request ids) still answers for the requests before them for many more."""
+    own = drafting_steps_until_plain(GoodputPolicy([0, 1], probe_every=10**9), list("abcd"))
+    server_wide = drafting_steps_until_plain(GoodputPolicy([0, 1], probe_every=10**9), None)
+    assert own <= 5 < 20 <= server_wide, (own, server_wide)
+
+
+def test_a_new_request_starts_from_what_recent_requests_accepted() -> None:
+    """Each remembered request counts once, however many trials it made: a deep, long run
+    of one well-predicted request does not set a newcomer's rate alone."""
+    requests, server_wide = RequestAcceptance(prior_trials=2.0), AcceptanceEstimate()
+    assert requests.new_request_rate(0.5) == 0.5  # nothing seen: the server-wide rate
+    for _ in range(50):
+        requests.observe(["good", "bad"], [4, 0], 4)
+        server_wide.observe([4, 0], 4)
+    good, bad, new = requests.rates(["good", "bad", "new"], 0.5)
+    assert good > 0.9 and bad < 0.1
+    assert new == pytest.approx((good + bad) / 2, abs=0.01)
+    assert server_wide.rate > 0.75  # four trials of the good one to one of the bad
+    requests.observe(["good"], [0], 0)  # a depth-0 step says nothing about the draft
+    assert requests.rates(["good"], 0.5)[0] == good
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8), st.integers(0, 6))
+def test_a_batch_expects_the_sum_of_its_requests_tokens(rates, depth) -> None:
+    reference = sum(
+        AcceptanceEstimate(successes=p, trials=1.0).expected_tokens(depth) for p in rates
+    )
+    assert expected_tokens(rates, depth) == pytest.approx(reference, rel=1e-9, abs=1e-12)
 
 
 @pytest.mark.parametrize("candidates", [[0, 4], [0, 1, 2, 3, 4]])

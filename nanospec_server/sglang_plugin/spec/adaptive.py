@@ -62,6 +62,7 @@ from nanospec_server.adaptive.depth_policy import (
 )
 from nanospec_server.adaptive.policy import Decision
 from nanospec_server.adaptive.registry import build_policy
+from nanospec_server.adaptive.reply_lengths import ReplyLengths
 from nanospec_server.config import NanoSpecConfig
 from nanospec_server.sglang_plugin.spec import plain_step
 from nanospec_server.sglang_plugin.spec.catch_up import DraftCatchUp
@@ -73,8 +74,8 @@ logger = logging.getLogger(__name__)
 RECENT_STEPS = 64  # steps /stats/vocab lists, newest last
 SKIP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 CUDA_TIME_EVERY = 8  # on a GPU a timed step costs two host syncs: time one step in 8
-# The tokens per request a catch-up must be repaid within: a request's max_new_tokens bounds
-# what it still decodes, but a chat reply mostly ends at its stop token well before.
+# The most tokens per request a catch-up may be repaid over (what a request still decodes
+# is estimated from the replies that finished last: `ReplyLengths`).
 REPAY_HORIZON = 128
 
 
@@ -97,7 +98,7 @@ class PolicyAdapter:
         return self._graph_bs  # any batch size may run at any depth
 
     def get_steps_for_batch(self, batch_size: int) -> int:
-        decision = self.state.pending or self.policy.choose(batch_size)
+        decision = self.state.pending or self.policy.choose(batch_size, self.state.batch_ids())
         self.state.pending = None
         self.state.last_decision = decision
         return decision.depth
@@ -107,7 +108,10 @@ class PolicyAdapter:
             return None  # a probe over a draft cache that missed positions: it errs low
         # The depth in force: with SGLang's overlap schedule (GPU) these counts can arrive a
         # step after a switch, which the estimate absorbs; the CPU path has no overlap.
-        self.policy.observe_acceptance(num_correct_drafts_per_req, self.state.depth_in_force)
+        # Called from SGLang's result processing of the step `timed_forward` just ran.
+        reqs = self.state.last_decode_reqs
+        ids = [req.rid for req in reqs] if len(reqs) == len(num_correct_drafts_per_req) else None
+        self.policy.observe_acceptance(num_correct_drafts_per_req, self.state.depth_in_force, ids)
         return None  # the next step's `get_steps_for_batch` decides
 
 
@@ -130,6 +134,7 @@ class AdaptiveState:
     steps_by_batch_size: Counter = field(default_factory=Counter)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     last_decode_reqs: list = field(default_factory=list)  # the requests of the last decode step
+    reply_lengths: ReplyLengths = field(default_factory=ReplyLengths)  # of finished requests
     batch: object | None = None  # the decode batch of the step running now
     caught_up: int = 0  # positions the draft caught up on in the step running now
     # A probe up from depth 0 drafts without catching up: the next step's drafts, and the
@@ -188,15 +193,34 @@ class AdaptiveState:
         if self.catch_up is None or batch is None:
             return NO_DEBT
         positions = self.catch_up.owed(self.worker, batch)
-        tokens_left = sum(min(_tokens_left(req), REPAY_HORIZON) for req in batch.reqs)
-        return CatchUpDebt(positions, tokens_left)
+        tokens_left = sum(self.tokens_left(req) for req in batch.reqs)
+        return CatchUpDebt(positions, round(tokens_left))
+
+    def tokens_left(self, req) -> float:
+        """What a request may still decode, up to ``REPAY_HORIZON``: estimated from the
+        replies that finished last (`ReplyLengths`), within its max_new_tokens."""
+        generated = len(req.output_ids)
+        limit = req.sampling_params.max_new_tokens
+        limit = generated + REPAY_HORIZON if limit is None else limit
+        return min(self.reply_lengths.tokens_left(generated, limit), REPAY_HORIZON)
+
+    def count_finished(self) -> None:
+        """At a decode step's start: the last decode step's requests that have finished
+        since (each is in one such step after its last token) give their reply lengths."""
+        for req in self.last_decode_reqs:
+            if req.finished():
+                self.reply_lengths.finished(len(req.output_ids))
 
     def next_step_drafts(self, batch_size: int) -> bool:
         """Decide the next step's depth now (it runs at it): does it draft?"""
         if self.policy is None:
             return True
-        self.pending = self.policy.choose(batch_size)
+        self.pending = self.policy.choose(batch_size, self.batch_ids())
         return self.pending.depth > 0
+
+    def batch_ids(self) -> list[str] | None:
+        """The request ids of the decode batch running now (None between steps)."""
+        return [req.rid for req in self.batch.reqs] if self.batch is not None else None
 
     def published(self) -> dict:
         out = {
@@ -293,12 +317,6 @@ def unsupported_reason(server_args) -> str | None:
     return None
 
 
-def _tokens_left(req) -> int:
-    """What a request may still decode (its max_new_tokens, or the horizon if unset)."""
-    limit = req.sampling_params.max_new_tokens
-    return REPAY_HORIZON if limit is None else max(limit - len(req.output_ids), 0)
-
-
 def _current_state(worker) -> SpecRuntimeState:
     """The state the worker runs now (what SGLang registers for its own policy)."""
     draft, target = worker._draft_worker, worker._target_worker.model_runner
@@ -337,6 +355,7 @@ def timed_forward(original, worker, batch, *args, **kwargs):
     cuda = worker.device == "cuda" or str(worker.device).startswith("cuda")
     timed = not cuda or state.timed_steps % CUDA_TIME_EVERY == 0
     state.timed_steps += 1
+    state.count_finished()
     state.path = VERIFY
     state.batch, state.caught_up = batch, 0
     state.drafting_stale, state.next_drafts_stale = state.next_drafts_stale, False

@@ -69,6 +69,50 @@ def test_a_probe_over_a_stale_draft_cache_does_not_feed_the_acceptance(adaptive)
     assert policy.acceptance.rate < 0.5
 
 
+def test_acceptance_reaches_the_policy_per_request_and_decisions_name_the_batch(adaptive) -> None:
+    """SGLang's result processing hands the counts in the order of the step's requests; the
+    policy learns each request's own rate and decides on the batch's requests."""
+    from nanospec_server.adaptive.policy import GoodputPolicy
+
+    policy = GoodputPolicy([0, 1, 2])
+    state = adaptive.AdaptiveState("goodput", [0, 1, 2], policy)
+    adapter = adaptive.PolicyAdapter(policy, state)
+    state.depth_in_force = 2
+    state.last_decode_reqs = [SimpleNamespace(rid="good"), SimpleNamespace(rid="bad")]
+    for _ in range(10):
+        adapter.on_verify_complete([2, 0], 2)
+    good, bad = policy.requests.rates(["good", "bad"], policy.acceptance.rate)
+    assert good > 0.8 and bad < 0.2
+    state.batch = SimpleNamespace(reqs=state.last_decode_reqs)
+    assert state.batch_ids() == ["good", "bad"]
+    adapter.on_verify_complete([0], 2)  # counts that do not match the step: no request rate
+    assert policy.requests.rates(["good"], policy.acceptance.rate)[0] == pytest.approx(
+        good, abs=0.01
+    )
+
+
+def test_finished_replies_set_what_a_running_request_may_still_decode(adaptive) -> None:
+    """A request that finished is counted at the next decode step's start (`timed_forward`
+    then replaces the step's requests); the catch-up is then priced over what the replies
+    before it ran past a running request's length."""
+
+    def request(generated: int, done: bool, limit: int | None = 128) -> SimpleNamespace:
+        return SimpleNamespace(
+            output_ids=[0] * generated,
+            finished=lambda: done,
+            sampling_params=SimpleNamespace(max_new_tokens=limit),
+        )
+
+    state = adaptive.AdaptiveState("goodput", [0, 1])
+    young = request(10, False)
+    assert state.tokens_left(young) == 118
+    assert state.tokens_left(request(10, False, limit=None)) == adaptive.REPAY_HORIZON
+    for length in (13, 15, 17, 19):
+        state.last_decode_reqs = [request(length, True), young]
+        state.count_finished()
+    assert state.tokens_left(young) == pytest.approx(6.0)  # (3 + 5 + 7 + 9) / 4
+
+
 def test_a_plain_step_that_runs_the_draft_extend_is_timed_apart(adaptive, monkeypatch) -> None:
     """A depth-0 step before a drafting step runs the draft's one-token extend after the
     plain decode: recorded as a catch-up step, never in the plain cell that prices depth 0
