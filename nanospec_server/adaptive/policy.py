@@ -341,7 +341,8 @@ class RequestAcceptance:
 @dataclass(frozen=True)
 class Decision:
     depth: int
-    reason: str  # "pinned", "fixed", "explore", "probe", "goodput", "hold", "catch-up-cost"
+    # "pinned", "fixed", "explore", "probe", "goodput", "hold", "catch-up-cost", "probe-timed"
+    reason: str
     goodput: dict[int, float]  # predicted tokens/s per candidate depth (empty if unknown)
 
 
@@ -372,7 +373,9 @@ class GoodputPolicy:
       load do not repay.
     - Every ``probe_every`` steps it runs one step at a neighbouring depth, so the cost
       model and, from depth 0, the acceptance estimate stay current; not up from depth 0
-      when no draft could repay the batch's catch-up (the probe could change nothing).
+      when no draft could repay the batch's catch-up (the probe could change nothing), nor
+      when, on a server that catches up, it would only retime a step timed already
+      (``_probe_only_times``).
       Under a steady load a probe that changes nothing doubles the interval (up to
       ``max_probe_every``); a new settled depth, or a batch size a third off the last
       probe's, brings it back. A load that comes back (a batch-size band whose last probe
@@ -480,6 +483,8 @@ class GoodputPolicy:
             self._next_probe = self.steps + self._probe_interval
             if chosen == 0 and not self._catch_up_repayable(batch_size):
                 return Decision(chosen, "catch-up-cost", predicted)
+            if chosen == 0 and self._probe_only_times(batch_size):
+                return Decision(chosen, "probe-timed", predicted)
             return Decision(self._neighbour(chosen), "probe", predicted)
         return Decision(chosen, reason, predicted)
 
@@ -531,6 +536,15 @@ class GoodputPolicy:
             return True
         tokens_left, cost = owed
         return tokens_left * (1 - 1 / (self.deepest + 1)) / self.goodput(batch_size, 0) > cost
+
+    def _probe_only_times(self, batch_size: int) -> bool:
+        """Whether a probe up from depth 0 would only retime a step timed already: on a
+        server that catches up, a probe drafts over the stale draft cache and its
+        acceptance is not counted, so all it teaches is its step's cost, and the step it
+        would run is timed ``min_samples`` times at this batch size. Each such probe cost
+        a drafting step and the one-token extend before it (~1.5% of a batch of 2's time
+        at a 32-step interval) for nothing the policy would act on."""
+        return self.debt is not None and self.cost.cell_timed(batch_size, self.candidates[1])
 
     def _catch_up_owed(self, batch_size: int) -> tuple[int, float] | None:
         """The batch's tokens left and the seconds its catch-up costs; None if it owes

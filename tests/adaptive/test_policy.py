@@ -603,6 +603,25 @@ def test_no_probe_up_from_depth_0_when_no_draft_could_repay_the_catch_up() -> No
     assert not probes(CatchUpDebt(positions=50_000, tokens_left=2048))
 
 
+def test_no_probe_up_from_depth_0_that_would_only_retime_a_timed_step() -> None:
+    """On a server that catches up, a probe's drafts come from a stale draft cache and its
+    acceptance is not counted: once its step is timed at the batch size, the probe is
+    skipped. Without a catch-up (its acceptance counts), or with the step untimed, it runs."""
+
+    def probes(debt: CatchUpDebt | None, timings: int) -> int:
+        policy = settled_at_depth_0(CatchUpDebt(10, 2048), probe_every=32)
+        policy.debt = None if debt is None else policy.debt
+        for _ in range(timings):
+            policy.cost.observe(16, 1, float(step_features(16, 1) @ CPU_HOST))
+        decisions = [policy.choose(16) for _ in range(300)]
+        assert {d.depth for d in decisions if d.reason != "probe"} == {0}
+        return sum(d.reason == "probe" for d in decisions)
+
+    assert probes(CatchUpDebt(10, 2048), timings=3) == 0
+    assert probes(CatchUpDebt(10, 2048), timings=1) >= 2  # not timed min_samples times yet
+    assert probes(None, timings=3) >= 2
+
+
 def test_a_load_that_comes_back_keeps_its_probe_interval() -> None:
     """Bursts of 16 that drain to one request: the lone request drafts (a new settled
     depth), the next burst settles at depth 0 again. Its probes go on at the interval the
