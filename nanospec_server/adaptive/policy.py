@@ -91,6 +91,9 @@ class StepCostModel:
     _coef: np.ndarray | None = None
     _plain_coef: np.ndarray | None = None
     _since_fit: int = 0
+    # Asked several times a step: kept until a timing changes them.
+    _medians: dict = field(default_factory=dict)  # (b, depth, cell) -> median seconds
+    _counts: dict[int, int] | None = None  # timings per depth
 
     def observe(
         self,
@@ -108,13 +111,16 @@ class StepCostModel:
         if (depth, cell) not in self.warmed:
             self.warmed.add((depth, cell))
             return
-        timings = self._timings.setdefault((batch_size, depth, cell), deque(maxlen=self.window))
-        timings.append(seconds)
+        key = (batch_size, depth, cell)
+        self._timings.setdefault(key, deque(maxlen=self.window)).append(seconds)
+        self._medians.pop(key, None)
+        self._counts = None
         if cell == CATCH_UP_CELL and caught_up > 0:
             self.catch_ups.append((batch_size, seconds, caught_up))
         self._since_fit += 1
-        if self._coef is None or self._since_fit >= self.refit_every:
+        if self._since_fit >= self.refit_every:  # both fits, lazily, at their next use
             self._coef = self._plain_coef = None
+            self._since_fit = 0
 
     @property
     def samples(self) -> list[tuple[int, int, float, str]]:
@@ -122,13 +128,21 @@ class StepCostModel:
         return [(b, k, t, cell) for (b, k, cell), timings in self._timings.items() for t in timings]
 
     def timings_per_depth(self) -> dict[int, int]:
-        # By cell, not by timing: the policy asks this several times a step, and a server
-        # that has seen every batch size holds thousands of timings.
-        counts: dict[int, int] = {}
-        for (_, k, cell), timings in self._timings.items():
-            if cell != CATCH_UP_CELL:
-                counts[k] = counts.get(k, 0) + len(timings)
-        return counts
+        # By cell, not by timing, and kept until the next timing: the policy asks this
+        # several times a step, and a server that has seen every batch size holds
+        # thousands of timings.
+        if self._counts is None:
+            counts: dict[int, int] = {}
+            for (_, k, cell), timings in self._timings.items():
+                if cell != CATCH_UP_CELL:
+                    counts[k] = counts.get(k, 0) + len(timings)
+            self._counts = counts
+        return self._counts
+
+    def _median(self, key: tuple[int, int, str]) -> float:
+        if key not in self._medians:
+            self._medians[key] = float(np.median(self._timings[key]))
+        return self._medians[key]
 
     def timed_depths(self) -> set[int]:
         """The depths timed ``min_samples`` times: those a prediction may be trusted at."""
@@ -160,7 +174,6 @@ class StepCostModel:
             verify = [(b, k, t) for b, k, t, cell in self.samples if cell == VERIFY_CELL]
             fitted = verify or [(b, k, t) for b, k, t, cell in self.samples]
             self._coef = _least_squares(fitted, step_features, FEATURES)
-            self._since_fit = 0
         return self._coef
 
     def plain_coefficients(self) -> np.ndarray | None:
@@ -179,11 +192,10 @@ class StepCostModel:
         8 in about the same time): a line through every cell can miss a timed cell by a
         third, enough to keep a batch at depth 0 where drafting pays."""
         plain = self.plain_coefficients() if depth == 0 else None
-        own = self._timings.get(
-            (batch_size, depth, PLAIN_CELL if plain is not None else VERIFY_CELL)
-        )
+        key = (batch_size, depth, PLAIN_CELL if plain is not None else VERIFY_CELL)
+        own = self._timings.get(key)
         if own is not None and len(own) >= self.min_samples:
-            return max(float(np.median(own)), 1e-6)
+            return max(self._median(key), 1e-6)
         if plain is not None:
             return max(float(plain_features(batch_size) @ plain), 1e-6)
         return max(float(step_features(batch_size, depth) @ self.coefficients()), 1e-6)

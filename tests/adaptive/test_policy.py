@@ -51,6 +51,30 @@ def test_cost_model_forgets_old_timings() -> None:
     assert model.predict(1, 2) == pytest.approx(0.1)
 
 
+def test_the_fits_are_redone_every_few_timings_not_every_step(monkeypatch) -> None:
+    """The policy predicts several depths each step: its fits are cached and redone every
+    ``refit_every`` timings (a plain-decoding fit redone on every step, over every timed
+    cell's median, cost a quarter of a millisecond a step), and a cell's median follows
+    its newest timing."""
+    from nanospec_server.adaptive import policy as policy_module
+
+    fits = []
+    least_squares = policy_module._least_squares
+    monkeypatch.setattr(
+        policy_module, "_least_squares", lambda *a: fits.append(1) or least_squares(*a)
+    )
+    model = StepCostModel(refit_every=8)
+    for _ in range(80):
+        model.observe(2, 0, 0.1, PLAIN_CELL)
+        model.predict(3, 0)  # an untimed batch size: the plain fit's answer
+    assert len(fits) <= 80 // 8 + 1, len(fits)
+    model.observe(2, 0, 0.3, PLAIN_CELL)
+    before = model.predict(2, 0)
+    for _ in range(16):
+        model.observe(2, 0, 0.3, PLAIN_CELL)
+    assert before == pytest.approx(0.1) and model.predict(2, 0) == pytest.approx(0.3)
+
+
 def test_a_rarely_visited_depth_keeps_its_timings() -> None:
     """Thousands of depth-0 steps between two probes do not push a drafting depth's
     timings out: the model stays ready, and its drafting line stays where it was timed."""
