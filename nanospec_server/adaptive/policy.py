@@ -291,14 +291,10 @@ class AcceptanceEstimate:
     def rate(self) -> float:
         return self.successes / self.trials
 
-    def expected_tokens(self, depth: int) -> float:
-        """Tokens a request emits in one step at this depth (the bonus token included)."""
-        p = self.rate
-        return sum(p**i for i in range(depth + 1))
-
 
 def expected_tokens(rates: Sequence[float], depth: int) -> float:
-    """Tokens a batch whose requests accept at ``rates`` emits in one step at this depth."""
+    """Tokens a batch whose requests accept at ``rates`` emits in one step at this depth
+    (each request's bonus token included)."""
     p = np.asarray(rates, dtype=float)
     return float(np.sum(p[:, None] ** np.arange(depth + 1)))
 

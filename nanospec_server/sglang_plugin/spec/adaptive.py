@@ -206,7 +206,10 @@ class AdaptiveState:
 
     def count_finished(self) -> None:
         """At a decode step's start: the last decode step's requests that have finished
-        since (each is in one such step after its last token) give their reply lengths."""
+        since (each is in one such step after its last token) give their reply lengths.
+        Only a server that catches up reads them (`catch_up_debt`)."""
+        if self.catch_up is None:
+            return
         for req in self.last_decode_reqs:
             if req.finished():
                 self.reply_lengths.finished(len(req.output_ids))

@@ -104,6 +104,9 @@ def test_finished_replies_set_what_a_running_request_may_still_decode(adaptive) 
         )
 
     state = adaptive.AdaptiveState("goodput", [0, 1])
+    state.last_decode_reqs = [request(13, True)]
+    state.count_finished()  # a server that does not catch up keeps no reply lengths
+    state.catch_up = SimpleNamespace()  # one that does
     young = request(10, False)
     assert state.tokens_left(young) == 118
     assert state.tokens_left(request(10, False, limit=None)) == adaptive.REPAY_HORIZON
