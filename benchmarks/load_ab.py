@@ -17,6 +17,8 @@ Presets:
     python benchmarks/load_ab.py overlap --rounds 2 --concurrency 8
     python benchmarks/load_ab.py bf16-linear --rounds 2 --concurrency 1 8
     python benchmarks/load_ab.py serve --rounds 2 --concurrency 8 16
+
+``--stats DIR`` keeps each run's `/stats/vocab` (the depths the policy chose, and why).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from nanospec_server.env import CPU_LINEAR
 from nanospec_server.launch.server import running_server
@@ -79,6 +83,15 @@ def bench_serving(url: str, tokenizer: str, concurrency: int, args, out: Path) -
     return json.loads(out.read_text().splitlines()[-1])
 
 
+def save_stats(url: str, path: Path) -> None:
+    """The server's `/stats/vocab` now (a plain server has none: nothing is written)."""
+    with httpx.Client(timeout=30) as client:
+        response = client.get(f"{url}/stats/vocab")
+    if response.status_code == 200:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(response.text)
+
+
 @contextmanager
 def run_config(config: Config, log: Path) -> Iterator[str]:
     """`running_server` with the configuration's environment (its processes inherit it)."""
@@ -104,6 +117,9 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--stats", type=Path, help="a folder for each run's /stats/vocab (what the policy did)"
+    )
     args = parser.parse_args()
 
     configs = presets()[args.preset]
@@ -117,6 +133,8 @@ def main() -> None:
                         out = Path(tmp) / f"{name}-{round_}-{concurrency}.jsonl"
                         report = bench_serving(url, tokenizer, concurrency, args, out)
                         speed[name, concurrency].append(report["output_throughput"])
+                        if args.stats is not None:
+                            save_stats(url, args.stats / f"{name}-{round_}-{concurrency}.json")
                         print(
                             f"round {round_ + 1} c={concurrency} {name}: "
                             f"{report['output_throughput']:.2f} output tok/s, "
