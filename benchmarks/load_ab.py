@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+import requests
 
 from nanospec_server.env import CPU_LINEAR
 from nanospec_server.launch.server import running_server
@@ -85,8 +85,7 @@ def bench_serving(url: str, tokenizer: str, concurrency: int, args, out: Path) -
 
 def save_stats(url: str, path: Path) -> None:
     """The server's `/stats/vocab` now (a plain server has none: nothing is written)."""
-    with httpx.Client(timeout=30) as client:
-        response = client.get(f"{url}/stats/vocab")
+    response = requests.get(f"{url}/stats/vocab", timeout=30)
     if response.status_code == 200:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(response.text)
