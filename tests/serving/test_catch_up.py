@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from nanospec_server.launch.server import speculative_flags
-from tests.serving.conftest import make_prompts
+from tests.serving.conftest import ADMIN_KEY, make_prompts
 from tests.serving.test_adaptive_lossless import adaptive_stats, change_settings
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
@@ -45,10 +45,21 @@ def pin(url: str, depth: int) -> None:
     assert response.status_code == 200, response.text
 
 
+def flush_cache(url: str) -> None:
+    """Empty the radix cache: SGLang's health check prefilled a [BOS] there, with the
+    draft's KV, and every prompt would otherwise start past it."""
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    response = requests.post(f"{url}/flush_cache", headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+
+
 def run_requests(url: str, rid_prefix: str) -> list[list[int]]:
     """The prompts together, greedy, with fixed rids; the first is streamed and its tokens
     move the pinned depth through SCHEDULE, so every request lives through depth-0 runs
-    and drafting alike."""
+    and drafting alike. The radix cache holds SGLang's health check's [BOS], with the
+    draft's KV, and every prompt starts with it: the prompts share nothing else, so which
+    of them arrive in one prefill cannot change what either server's draft KV holds
+    (prefixes shared among them: `run_shared_prefix_requests`)."""
 
     def one(i: int) -> list[int]:
         params = {"temperature": 0.0, "max_new_tokens": MAX_NEW}
@@ -102,6 +113,39 @@ def run_radix_requests(url: str, rid_prefix: str) -> list:
     prompt = PROMPTS[1] + first["output_ids"] + PROMPTS[2][1:9]
     second = generate_with_rid(url, prompt, 30, f"{rid_prefix}-b")
     return [first["output_ids"], second["output_ids"], second["meta_info"]["cached_tokens"]]
+
+
+def run_shared_prefix_requests(url: str, rid_prefix: str) -> list[list[int]]:
+    """Two requests whose prompts share a prefix, both prefilled at depth 0 (the second
+    from the radix cache, while the first decodes), then drafting: one catch-up extend runs
+    both over positions they share, and the last shared position's draft KV (computed from
+    the token after it, which differs between them) must hold what the first one's prefill
+    would have written there. The cache is emptied first and the second request is sent
+    after the first one's first token, so that which request wrote the prefix is the same
+    on every server."""
+    common = PROMPTS[3][:12]
+    first = {"input_ids": common + PROMPTS[4][1:5], "rid": f"{rid_prefix}-a", "stream": True}
+    second = {"input_ids": common + PROMPTS[5][1:4], "rid": f"{rid_prefix}-b"}
+    flush_cache(url)
+    pin(url, 0)
+    output: list[int] = []
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        params = {"temperature": 0.0, "max_new_tokens": 60}
+        body = first | {"sampling_params": params}
+        with requests.post(f"{url}/generate", json=body, stream=True, timeout=600) as reply:
+            sent = None
+            for line in reply.iter_lines():
+                if not line.startswith(b"data: {"):
+                    continue
+                output = json.loads(line[len(b"data: ") :])["output_ids"]
+                if sent is None:
+                    sent = pool.submit(generate_with_rid, url, second["input_ids"], 50,
+                                       second["rid"])  # fmt: skip
+                if len(output) >= 12:
+                    pin(url, DEPTH)
+        assert sent is not None
+        reply_b = sent.result()
+    return [output, reply_b["output_ids"], reply_b["meta_info"]["cached_tokens"]]
 
 
 def generate_with_rid(url: str, input_ids: list[int], max_new: int, rid: str) -> dict:
@@ -161,3 +205,22 @@ def test_a_radix_prefix_decoded_at_depth_0_is_caught_up_not_drafted_over(recorde
     assert len(second) >= 10, trees
     assert all(ref_trees.get(key) == tree for key, tree in second.items())
     assert stats["catch_up_tokens"] >= outputs[2] - 1, stats  # the prefix, prompt included
+
+
+def test_a_prefix_shared_by_requests_caught_up_together_is_written_as_its_writer_did(
+    recorded,
+) -> None:
+    """Two requests that share a radix prefix and both missed the draft's prefill catch up
+    in one extend: each shared slot is written once, from the sequence of the request that
+    wrote it, so both draft as over the reference's cache."""
+    outputs, stats, _, trees, _ = recorded("standalone-chain", [], run_shared_prefix_requests)
+    ref_outputs, _, _, ref_trees, _ = recorded(
+        "standalone-chain", ["--nanospec-adaptive-keep-extend"], run_shared_prefix_requests
+    )
+    assert outputs == ref_outputs
+    assert outputs[2] >= 12  # the second request's prompt came partly from the radix cache
+    assert stats["draft_prefills_skipped"] == 2, stats
+    shared = set(trees) & set(ref_trees)
+    assert {rid for rid, _ in shared} == {"r-a", "r-b"}, shared
+    differing = sorted(key for key in shared if trees[key] != ref_trees[key])
+    assert not differing, [(key, trees[key], ref_trees[key]) for key in differing[:5]]

@@ -47,6 +47,7 @@ from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cu
 from sglang.srt.runtime_context import attn_dp_enabled_of, get_exec
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from nanospec_server import seams
@@ -411,7 +412,8 @@ def _plain_depth_zero(worker, batch, state: AdaptiveState, on_publish):
     catch_up = state.catch_up
     if catch_up is not None:
         catch_up.forget({req.rid for req in batch.reqs})
-        catch_up.missed(batch, batch.out_cache_loc, result.logits_output.hidden_states)
+        hidden = result.logits_output.hidden_states
+        catch_up.missed(batch, batch.out_cache_loc, result.next_token_ids, hidden)
     if state.skip_extend and not state.next_step_drafts(size):
         worker._stub_skipped_draft_extend(batch, result)  # our AFTER hook feeds the window
         state.extends_skipped += 1
@@ -533,7 +535,7 @@ def skipped_draft_prefill(draft, batch, next_token_ids):
     catch_up = state.catch_up if state is not None else None
     if catch_up is None or catch_up.keeps_hidden or not state.plain_steps_enabled:
         return None
-    catch_up.missed(batch, batch.out_cache_loc, None)
+    catch_up.missed_prefill(batch, _eagle_prefill_tail_tokens(batch, next_token_ids))
     state.pending = Decision(0, "catch-up", {})
     state.draft_prefills_skipped += 1
     size, topk = len(batch.reqs), draft.topk
@@ -581,7 +583,8 @@ def window_update_without_extend(result, worker, batch, batch_output, *args, **k
     state = current().adaptive
     if not plain and state is not None and state.catch_up is not None:
         hidden = batch_output.logits_output.hidden_states
-        state.catch_up.missed(batch, batch.out_cache_loc, hidden)
+        verified = batch_output.next_draft_input.bonus_tokens
+        state.catch_up.missed(batch, batch.out_cache_loc, verified, hidden)
     return result
 
 

@@ -11,7 +11,12 @@ positions) that the per-step extends would have fed it, so its KV and its next i
 what an exact per-step extend leaves (`--nanospec-adaptive-keep-extend`, the reference).
 
 Slots are checked, not requests: a prefix the radix cache hands a new request may hold
-positions another request decoded at depth 0, and they are caught up like its own.
+positions another request decoded at depth 0, and they are caught up like its own. The
+draft's KV at a position is computed from the token after it (SGLang's prefill rotation),
+and at the last position of a shared prefix that token is the one of the request that
+wrote the slot, not of the one that shares it: each slot the target writes alone keeps its
+writer's next token (`rotated`), and the catch-up feeds the draft those. Requests of one
+extend that share slots write them once (the first request that plans over them).
 
 Bounds: at most ``chunk`` positions per request per step (a request with more stays at
 depth 0, one chunk per step, until it is caught up), and at most ``cap`` kept hidden
@@ -78,6 +83,8 @@ class DraftCatchUp:
         self, num_slots: int, device, keeps_hidden: bool, cap: int = CAP, chunk: int = CHUNK
     ) -> None:
         self.valid = torch.zeros(num_slots, dtype=torch.bool, device=device)
+        # the draft's input at each slot the target wrote alone: its writer's next token
+        self.rotated = torch.zeros(num_slots, dtype=torch.int64, device=device)
         self.keeps_hidden = keeps_hidden
         self.cap, self.chunk = cap, chunk
         self.kept: dict[str, KeptHidden] = {}
@@ -91,10 +98,13 @@ class DraftCatchUp:
         """The draft wrote these KV slots along with the target."""
         self.valid[slots.to(torch.int64)] = True
 
-    def missed(self, batch, slots: Tensor, hidden: Tensor | None) -> None:
+    def missed(self, batch, slots: Tensor, next_tokens: Tensor, hidden: Tensor | None) -> None:
         """The target alone wrote these slots (a depth-0 step), one per request of the batch,
-        at its position ``seq_lens``; ``hidden``: the target's hidden state there."""
-        self.valid[slots.to(torch.int64)] = False
+        at its position ``seq_lens``, and decoded ``next_tokens`` after them; ``hidden``: the
+        target's hidden state there."""
+        slots = slots.to(torch.int64)
+        self.valid[slots] = False
+        self.rotated[slots] = next_tokens.to(torch.int64)
         if not self.keeps_hidden or hidden is None:
             return
         positions = batch.seq_lens.tolist()
@@ -106,6 +116,25 @@ class DraftCatchUp:
             if len(kept.rows) > self.cap:
                 kept.rows.pop(0)
                 kept.first += 1
+
+    def missed_prefill(self, batch, tails: Tensor) -> None:
+        """The target alone prefilled the batch (its draft prefill skipped): each slot's next
+        token is the prompt's, the last one's its request's ``tails`` entry."""
+        rotated, offset = batch.input_ids.clone(), 0
+        for i, length in enumerate(batch.extend_lens):
+            rotated[offset : offset + length - 1] = batch.input_ids[offset + 1 : offset + length]
+            rotated[offset + length - 1] = tails[i]
+            offset += length
+        slots = batch.out_cache_loc.to(torch.int64)
+        self.valid[slots] = False
+        self.rotated[slots] = rotated.to(torch.int64)
+
+    def _draft_inputs(self, slots: Tensor, own_next: list[int]) -> Tensor:
+        """The tokens the draft is fed at these slots (rotated): where the draft's KV is
+        valid, the request's own next tokens (``own_next``), where it is not, each slot's
+        writer's (they differ only at the end of a prefix shared from another request)."""
+        own = torch.tensor(own_next, dtype=torch.int64, device=slots.device)
+        return torch.where(self.valid[slots], own, self.rotated[slots])
 
     def forget(self, live_rids: set[str]) -> None:
         """Drop the hidden states of requests no longer running."""
@@ -132,19 +161,21 @@ class DraftCatchUp:
             yield False
             return
         req_to_token = worker.req_to_token_pool.req_to_token
-        device = batch.input_ids.device
         tokens, slots, added, offset = [], [], [], 0
         rows = batch.req_pool_indices.tolist()
         for req, row, start, prefix, length in zip(
             batch.reqs, rows, first, prefix_lens, batch.extend_lens, strict=True
         ):
             sequence = req.origin_input_ids + req.output_ids
-            tokens += [
-                torch.tensor(sequence[start:prefix], device=device),
-                batch.input_ids[offset : offset + length],
-            ]
+            prefix_slots = req_to_token[row, start:prefix].to(torch.int64)
+            own = batch.input_ids[offset : offset + length]
+            # SGLang's prefill rotates its input left by one: the first token is dropped,
+            # the prefix's slots are fed their writers' next tokens, the prefill's own its
+            # prompt's
+            fed = self._draft_inputs(prefix_slots, list(sequence[start + 1 : prefix + 1]))
+            tokens += [own[:1], fed.to(own.dtype), own[1:]] if prefix > start else [own]
             slots += [
-                req_to_token[row, start:prefix].to(batch.out_cache_loc.dtype),
+                prefix_slots.to(batch.out_cache_loc.dtype),
                 batch.out_cache_loc[offset : offset + length],
             ]
             added.append(prefix - start)
@@ -182,19 +213,29 @@ class DraftCatchUp:
 
     def plan(self, worker, batch) -> Plan:
         """Each request's first position whose draft KV is not valid, up to its step's
-        token (position ``seq_lens``), at most ``chunk`` of them."""
+        token (position ``seq_lens``), at most ``chunk`` of them; past the slots an earlier
+        request of the batch plans over (a prefix they share: written once)."""
         ends = batch.seq_lens.tolist()
         first = self._first_stale(worker, batch.req_pool_indices, [end + 1 for end in ends])
+        req_to_token = worker.req_to_token_pool.req_to_token
+        planned: set[int] = set()
         starts, stops = [], []
-        for req, start, end in zip(batch.reqs, first, ends, strict=True):
+        rows = batch.req_pool_indices.tolist()
+        for req, row, start, end in zip(batch.reqs, rows, first, ends, strict=True):
             if self.keeps_hidden:  # positions without a kept hidden state stay stale
                 reachable = self._reachable(req.rid, end)
                 if start < reachable:
                     self._count_left_stale(req.rid, start, reachable)
                     start = reachable
             start = min(start, end)
+            span = req_to_token[row, start : end + 1].tolist()
+            skip = next((i for i, slot in enumerate(span) if slot not in planned), len(span))
+            skip = min(skip, len(span) - 1)  # the step's own slot is never shared
+            start += skip
+            stop = min(end, start + self.chunk - 1)
+            planned.update(span[skip : skip + stop - start + 1])
             starts.append(start)
-            stops.append(min(end, start + self.chunk - 1))
+            stops.append(stop)
         return Plan(starts, stops, ends)
 
     def owed(self, worker, batch) -> int:
@@ -238,12 +279,16 @@ class DraftCatchUp:
         spans = zip(batch.reqs, pool_rows, plan.start, plan.stop, plan.end, strict=True)
         for i, (req, row, start, stop, end) in enumerate(spans):
             sequence = req.origin_input_ids + req.output_ids  # positions 0 .. end
-            tokens.append(torch.tensor(sequence[start : stop + 1], device=device))
-            slots.append(req_to_token[row, start : stop + 1].to(torch.int64))
+            span = req_to_token[row, start : stop + 1].to(torch.int64)
+            # after the last planned position: the step's new token, or the next of the
+            # request's own sequence when more chunks are to go
+            after = new_ids[i] if stop == end else sequence[stop + 1]
+            fed = self._draft_inputs(span, [*sequence[start + 1 : stop + 1], after])
+            # SGLang's prefill rotates its input left by one and appends the tail
+            tokens += [torch.tensor(sequence[start : start + 1], device=device), fed[:-1]]
+            tails.append(fed[-1:])
+            slots.append(span)
             lengths.append(stop - start + 1)
-            # the token after the last planned position: the step's new one, or the next
-            # of the request's own sequence when more chunks are to go
-            tails.append(new_ids[i] if stop == end else sequence[stop + 1])
             if self.keeps_hidden:
                 kept = self.kept[req.rid]
                 hidden.extend(kept.rows[start - kept.first : stop - kept.first + 1])
@@ -267,7 +312,7 @@ class DraftCatchUp:
             batch.chunked_req_next_prompt_token = None
             states = torch.stack(hidden) if hidden else None
             states = draft.draft_kind.draft_hidden_for_prefill(states)
-            tail = torch.tensor(tails, dtype=torch.int64, device=device)
+            tail = torch.cat(tails)
             # SGLang's own prefill extend, not our worker's (no prefill candidates to add)
             draft_input = EagleDraftWorker._draft_extend_for_prefill(draft, batch, states, tail)
         finally:

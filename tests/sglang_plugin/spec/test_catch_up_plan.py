@@ -70,3 +70,52 @@ def test_plan_matches_a_plain_reading(requests, chunk, keeps_hidden):
     # what the policy prices: every planned position but the step's own token, all chunks
     assert owed == sum(end - start for start, end in zip(plan.start, plan.end, strict=True))
     assert catch_up.positions_left_stale == left_stale  # counted once over two plans
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 40),  # positions the two requests share
+    st.integers(0, 20),  # the first request's positions past them
+    st.integers(0, 20),  # the second's
+    st.integers(1, 64),
+    st.booleans(),  # which request the batch holds first
+)
+def test_a_shared_prefix_is_planned_once(shared, own_a, own_b, chunk, sharer_first):
+    """Two requests whose rows start with the same slots, none valid: the first of the
+    batch plans over them, the second starts past what the first's chunk covers."""
+    worker, batch = fake([shared + own_a, shared + own_b])
+    req_to_token = worker.req_to_token_pool.req_to_token
+    req_to_token[1, :shared] = req_to_token[0, :shared]
+    if sharer_first:
+        batch.req_pool_indices = torch.tensor([1, 0])
+    catch_up = DraftCatchUp(2 * WIDTH, "cpu", keeps_hidden=False, chunk=chunk)
+    plan = catch_up.plan(worker, batch)
+
+    first_stop = min(plan.end[0], chunk - 1)
+    assert plan.start[0] == 0 and plan.stop[0] == first_stop
+    assert plan.start[1] == min(first_stop + 1, shared)  # past the shared slots planned
+    assert plan.stop[1] == min(plan.end[1], plan.start[1] + chunk - 1)
+    rows = batch.req_pool_indices.tolist()
+    spans = [
+        req_to_token[row, start : stop + 1].tolist()
+        for row, start, stop in zip(rows, plan.start, plan.stop, strict=True)
+    ]
+    assert not set(spans[0]) & set(spans[1])  # no slot written twice in one extend
+
+
+def test_a_skipped_prefill_keeps_each_slots_next_token() -> None:
+    """The draft's input at a slot is the token after it in its writer's sequence (SGLang
+    rotates a prefill's input left by one); the last slot's, the request's tail."""
+    catch_up = DraftCatchUp(16, "cpu", keeps_hidden=False)
+    batch = SimpleNamespace(
+        input_ids=torch.tensor([10, 11, 12, 20, 21]),
+        out_cache_loc=torch.tensor([3, 4, 5, 8, 9]),
+        extend_lens=[3, 2],
+    )
+    catch_up.valid[:] = True
+    catch_up.missed_prefill(batch, torch.tensor([13, 22]))
+    assert catch_up.rotated[[3, 4, 5, 8, 9]].tolist() == [11, 12, 13, 21, 22]
+    assert catch_up.valid.logical_not().nonzero().flatten().tolist() == [3, 4, 5, 8, 9]
+    # fed at a slot: where valid, the request's own next token; where not, its writer's
+    slots = torch.tensor([2, 5])
+    assert catch_up._draft_inputs(slots, [7, 99]).tolist() == [7, 13]
