@@ -156,6 +156,14 @@ def generate_with_rid(url: str, input_ids: list[int], max_new: int, rid: str) ->
     return reply.json()
 
 
+COUNTERS = ("catch_up_tokens", "catch_up_positions_left_stale", "draft_prefills_skipped")
+
+
+def since(before: dict, after: dict) -> dict:
+    """``after`` with the catch-up's counters less those of ``before``."""
+    return after | {name: after[name] - before[name] for name in COUNTERS}
+
+
 @pytest.fixture(scope="module")
 def recorded(serve, tmp_path_factory) -> Callable[..., tuple]:
     def run(kind: str, extra: list[str], drive: Callable = run_requests) -> tuple:
@@ -163,8 +171,9 @@ def recorded(serve, tmp_path_factory) -> Callable[..., tuple]:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("NANOSPEC_RECORD_STREAMS", str(path))
             with serve("tiny-target", KINDS[kind] + FLAGS + extra) as url:
+                before = adaptive_stats(url)  # SGLang's health check is a request too
                 outputs = drive(url, "r")
-                stats = adaptive_stats(url)
+                stats = since(before, adaptive_stats(url))
                 per_request = requests.get(f"{url}/stats/vocab", timeout=60).json()["requests"]
         return outputs, stats, per_request, *draft_trees(path)
 

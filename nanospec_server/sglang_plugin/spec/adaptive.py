@@ -484,17 +484,14 @@ def extend_skipped(batch, batch_output) -> bool:
 def prefill_deferred(batch) -> bool:
     """Whether this prefill defers NanoSpec's top-K_pre (and a STANDALONE draft's prefill,
     ``skipped_draft_prefill``) to its requests' first drafting step, on a server that
-    catches up, unless every step drafts or the policy cannot predict yet. Under load most
-    requests never draft, and a burst of arrivals is prefilled a chunk at a time: its
-    first requests, prefilled into a small batch, would
-    pay a full-vocabulary LM head and a draft forward over their prompts for a batch that
-    then runs at depth 0. A request that drafts pays the same work one step later (the
-    catch-up runs the draft over the prompt, `NanoSpecRuntime.append_deferred_topk` the
-    top-K_pre)."""
+    catches up, unless every step drafts. Under load most requests never draft, and a
+    burst of arrivals is prefilled a chunk at a time: its first requests, prefilled into a
+    small batch, would pay a full-vocabulary LM head and a draft forward over their prompts
+    for a batch that then runs at depth 0 (on a fresh server too, before the policy can
+    tell). A request that drafts pays the same work one step later (the catch-up runs the
+    draft over the prompt, `NanoSpecRuntime.append_deferred_topk` the top-K_pre)."""
     state = current().adaptive
     if state is None or state.catch_up is None or state.policy.always_drafts():
-        return False
-    if state.policy.predicted_best(1) is None:  # a fresh server: its warm-up, exploration
         return False
     state.prefills_deferred += 1
     return True

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from torch import Tensor
 
 CAP = 1024  # hidden states kept per request (EAGLE kinds)
@@ -313,8 +312,7 @@ class DraftCatchUp:
             states = torch.stack(hidden) if hidden else None
             states = draft.draft_kind.draft_hidden_for_prefill(states)
             tail = torch.cat(tails)
-            # SGLang's own prefill extend, not our worker's (no prefill candidates to add)
-            draft_input = EagleDraftWorker._draft_extend_for_prefill(draft, batch, states, tail)
+            draft_input = draft.sglang_prefill_extend(batch, states, tail)
         finally:
             for name, value in saved.items():
                 setattr(batch, name, value)

@@ -96,6 +96,11 @@ class NanoSpecDraftMixin:
         adaptive.draft_wrote(slots)
         return result
 
+    def sglang_prefill_extend(self, batch, target_hidden_states, next_token_ids):
+        """SGLang's own draft extend over a prefill-shaped batch, without ours around it
+        (no window appends, no deferral, no widening): the catch-up's forward."""
+        return super()._draft_extend_for_prefill(batch, target_hidden_states, next_token_ids)
+
     def draft(self, batch, *args, **kwargs):
         with self.nanospec.stats.timer.draft_phase(batch.req_pool_indices):
             return super().draft(batch, *args, **kwargs)
