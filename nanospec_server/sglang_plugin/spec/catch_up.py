@@ -239,8 +239,9 @@ class DraftCatchUp:
 
     def owed(self, worker, batch) -> int:
         """The positions a catch-up would run the draft over, summed over the batch's
-        requests, beyond the step's own token (what a per-step extend runs anyway). Changes
-        nothing."""
+        requests, beyond the step's own token (what a per-step extend runs anyway); a
+        prefix requests share counts once per request (the plan writes it once: a bound,
+        read every step, without the plan's walk over each row). Changes nothing."""
         ends = batch.seq_lens.tolist()
         first = self._first_stale(worker, batch.req_pool_indices, ends)
         owed = 0

@@ -3,7 +3,9 @@
 The plan of each request starts at its first position whose draft KV is not valid, ends at
 its step's token, takes at most a chunk, and for an EAGLE draft starts no earlier than the
 first kept hidden state; positions it must leave stale are counted once, however many
-steps plan over them; the positions owed (what the policy prices) are the plan's."""
+steps plan over them; the positions owed (what the policy prices) are the plan's. Requests
+that share slots (a radix prefix) plan them once; each slot the target wrote alone keeps
+the token the draft is fed there."""
 
 from __future__ import annotations
 
