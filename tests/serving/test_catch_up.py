@@ -133,7 +133,7 @@ def run_shared_prefix_requests(url: str, rid_prefix: str) -> list[list[int]]:
         params = {"temperature": 0.0, "max_new_tokens": 60}
         body = first | {"sampling_params": params}
         with requests.post(f"{url}/generate", json=body, stream=True, timeout=600) as reply:
-            sent = None
+            sent, drafting = None, False
             for line in reply.iter_lines():
                 if not line.startswith(b"data: {"):
                     continue
@@ -141,8 +141,9 @@ def run_shared_prefix_requests(url: str, rid_prefix: str) -> list[list[int]]:
                 if sent is None:
                     sent = pool.submit(generate_with_rid, url, second["input_ids"], 50,
                                        second["rid"])  # fmt: skip
-                if len(output) >= 12:
+                if len(output) >= 12 and not drafting:
                     pin(url, DEPTH)
+                    drafting = True
         assert sent is not None
         reply_b = sent.result()
     return [output, reply_b["output_ids"], reply_b["meta_info"]["cached_tokens"]]

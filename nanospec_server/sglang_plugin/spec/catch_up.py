@@ -119,11 +119,9 @@ class DraftCatchUp:
     def missed_prefill(self, batch, tails: Tensor) -> None:
         """The target alone prefilled the batch (its draft prefill skipped): each slot's next
         token is the prompt's, the last one's its request's ``tails`` entry."""
-        rotated, offset = batch.input_ids.clone(), 0
-        for i, length in enumerate(batch.extend_lens):
-            rotated[offset : offset + length - 1] = batch.input_ids[offset + 1 : offset + length]
-            rotated[offset + length - 1] = tails[i]
-            offset += length
+        rotated = torch.roll(batch.input_ids, -1)  # each request's last: its tail, below
+        last = torch.tensor(batch.extend_lens, device=rotated.device).cumsum(0) - 1
+        rotated[last] = tails.to(rotated.dtype)
         slots = batch.out_cache_loc.to(torch.int64)
         self.valid[slots] = False
         self.rotated[slots] = rotated.to(torch.int64)
@@ -172,7 +170,7 @@ class DraftCatchUp:
             # the prefix's slots are fed their writers' next tokens, the prefill's own its
             # prompt's
             fed = self._draft_inputs(prefix_slots, list(sequence[start + 1 : prefix + 1]))
-            tokens += [own[:1], fed.to(own.dtype), own[1:]] if prefix > start else [own]
+            tokens += [own[:1], fed.to(own.dtype), own[1:]]
             slots += [
                 prefix_slots.to(batch.out_cache_loc.dtype),
                 batch.out_cache_loc[offset : offset + length],
