@@ -18,6 +18,7 @@ No SGLang import: ``sglang_plugin/spec/adaptive.py`` wires this into SGLang's st
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ FEATURES = 4
 # They are named as the paths a step takes (`depth_policy.py`).
 VERIFY_CELL, PLAIN_CELL, CATCH_UP_CELL = "verify", "plain", "plain-catch-up"
 PRICED_CATCH_UP = 32  # positions a catch-up step runs, at least, to price one position
+BRACKET_SPAN = 2  # timed batch sizes at most this far apart price the sizes between them
 
 
 def step_features(batch_size: int, depth: int) -> np.ndarray:
@@ -85,6 +87,8 @@ class StepCostModel:
     min_samples: int = 3
     refit_every: int = 8
     _timings: dict = field(default_factory=dict)  # (b, depth, cell) -> deque of seconds
+    # (depth, cell) -> the batch sizes timed min_samples times there, sorted
+    _timed_sizes: dict = field(default_factory=dict)
     catch_ups: deque = field(default_factory=lambda: deque(maxlen=32))  # (b, seconds, positions)
     draft_extends: deque = field(default_factory=lambda: deque(maxlen=32))  # (seconds, positions)
     warmed: set = field(default_factory=set)  # (depth, cell) whose first step has run
@@ -112,7 +116,10 @@ class StepCostModel:
             self.warmed.add((depth, cell))
             return
         key = (batch_size, depth, cell)
-        self._timings.setdefault(key, deque(maxlen=self.window)).append(seconds)
+        timings = self._timings.setdefault(key, deque(maxlen=self.window))
+        timings.append(seconds)
+        if len(timings) == self.min_samples:
+            insort(self._timed_sizes.setdefault((depth, cell), []), batch_size)
         self._medians.pop(key, None)
         self._counts = None
         if cell == CATCH_UP_CELL and caught_up > 0:
@@ -148,15 +155,33 @@ class StepCostModel:
         """The depths timed ``min_samples`` times: those a prediction may be trusted at."""
         return {k for k, n in self.timings_per_depth().items() if n >= self.min_samples}
 
-    def cell_timed(self, batch_size: int, depth: int) -> bool:
-        """Whether the step ``predict`` prices at this batch size and depth has its own
-        cell timed ``min_samples`` times (a depth-0 step: its plain cell, where plain steps
-        run)."""
+    def cell_priced(self, batch_size: int, depth: int) -> bool:
+        """Whether ``predict`` prices this step from timings of its own depth and path (a
+        depth-0 step: its plain cell, where plain steps run): its own cell timed
+        ``min_samples`` times, or two so timed that bracket its batch size (`_bracket`)."""
         cells = (PLAIN_CELL, VERIFY_CELL) if depth == 0 else (VERIFY_CELL,)
         return any(
-            len(self._timings.get((batch_size, depth, cell), ())) >= self.min_samples
+            self._timed(batch_size, depth, cell) or self._bracket(batch_size, depth, cell)
             for cell in cells
         )
+
+    def _timed(self, batch_size: int, depth: int, cell: str) -> bool:
+        return len(self._timings.get((batch_size, depth, cell), ())) >= self.min_samples
+
+    def _bracket(self, batch_size: int, depth: int, cell: str) -> tuple[int, int] | None:
+        """The nearest batch sizes below and above ``batch_size`` whose cells of this depth
+        and path are timed, if the larger is at most ``BRACKET_SPAN`` times the smaller:
+        close enough that the line between their medians prices the sizes between (a
+        draining load visits every size from its peak down; timing each by probes cost a
+        drafting step per size for what its neighbours already tell)."""
+        sizes = self._timed_sizes.get((depth, cell), [])
+        index = bisect_left(sizes, batch_size)
+        if index == 0 or index == len(sizes):
+            return None
+        below, above = sizes[index - 1], sizes[index]
+        if above == batch_size or above > BRACKET_SPAN * below:
+            return None
+        return below, above
 
     def largest_batch_timed(self, depth: int) -> int:
         """The largest batch size with a timing at this depth (0 if none)."""
@@ -186,16 +211,21 @@ class StepCostModel:
 
     def predict(self, batch_size: int, depth: int) -> float:
         """Seconds for one step: the median of its own (batch size, depth) cell where that
-        is timed ``min_samples`` times, else the fit's; never below a microsecond (a fit on
+        is timed ``min_samples`` times, else the line between the medians of the timed
+        cells that bracket its batch size (`_bracket`), else the fit's; never below a microsecond (a fit on
         noisy timings can extrapolate below zero far from the data). A host's step cost is
         not linear in the batch and the depth everywhere (a CPU with AMX decodes batch 1 to
         8 in about the same time): a line through every cell can miss a timed cell by a
         third, enough to keep a batch at depth 0 where drafting pays."""
         plain = self.plain_coefficients() if depth == 0 else None
-        key = (batch_size, depth, PLAIN_CELL if plain is not None else VERIFY_CELL)
-        own = self._timings.get(key)
-        if own is not None and len(own) >= self.min_samples:
+        cell = PLAIN_CELL if plain is not None else VERIFY_CELL
+        key = (batch_size, depth, cell)
+        if self._timed(*key):
             return max(self._median(key), 1e-6)
+        if bracket := self._bracket(*key):
+            (low, high), share = bracket, (batch_size - bracket[0]) / (bracket[1] - bracket[0])
+            at_low, at_high = self._median((low, depth, cell)), self._median((high, depth, cell))
+            return max(at_low + share * (at_high - at_low), 1e-6)
         if plain is not None:
             return max(float(plain_features(batch_size) @ plain), 1e-6)
         return max(float(step_features(batch_size, depth) @ self.coefficients()), 1e-6)
@@ -375,10 +405,12 @@ class GoodputPolicy:
       steps) held depth 1 when the next burst filled it to 8 (1.3 plain steps) at 0.28
       acceptance: predicted 1.5% slower than depth 0, inside the 3% band, for a whole burst.
     - It leaves depth 0 only if drafting wins back the draft's catch-up (the positions it
-      missed there, at the measured cost per position) over the tokens the batch may still
-      decode (``price_catch_up``): a STANDALONE draft that skipped a batch's prefills owes
-      a prefill's worth of draft forward, which a few drafting steps at the tail of a
-      load do not repay.
+      missed there, at the measured cost per position) ``catch_up_margin`` times over the
+      tokens the batch may still decode (``price_catch_up``): a STANDALONE draft that
+      skipped a batch's prefills owes a prefill's worth of draft forward, which a few
+      drafting steps at the tail of a load do not repay. The margin is for the forecast:
+      the tokens left are the recent replies' survival mean and the gain is the
+      acceptance's estimate, while the catch-up is paid whatever comes.
     - Every ``probe_every`` steps it runs one step at a neighbouring depth, so the cost
       model and, from depth 0, the acceptance estimate stay current; not up from depth 0
       when no draft could repay the batch's catch-up (the probe could change nothing), nor
@@ -401,6 +433,9 @@ class GoodputPolicy:
     candidates: list[int]
     min_gain: float = 0.03
     min_gain_leaving_plain: float = 0.10
+    # Leaving depth 0 pays the catch-up in full before the first draft, for savings that
+    # are a forecast (the tokens left, the acceptance): they must cover it this many times.
+    catch_up_margin: float = 2.0
     confirm_steps: int = 2
     probe_every: int = 32
     max_probe_every: int = 512
@@ -525,34 +560,37 @@ class GoodputPolicy:
         return held, "hold"
 
     def _repays_catch_up(self, batch_size: int, depth: int, predicted: dict[int, float]) -> bool:
-        """Whether drafting at ``depth`` saves more time over the tokens the batch may still
-        decode (1/goodput per token, at depth 0 against ``depth``) than the catch-up costs
-        before its first drafting step."""
+        """Whether drafting at ``depth`` saves ``catch_up_margin`` times more time over the
+        tokens the batch may still decode (1/goodput per token, at depth 0 against
+        ``depth``) than the catch-up costs before its first drafting step."""
         owed = self._catch_up_owed(batch_size)
         if owed is None:
             return True
         tokens_left, cost = owed
-        return tokens_left * (1 / predicted[0] - 1 / predicted[depth]) > cost
+        saved = tokens_left * (1 / predicted[0] - 1 / predicted[depth])
+        return saved > self.catch_up_margin * cost
 
     def _catch_up_repayable(self, batch_size: int) -> bool:
-        """Whether any draft could repay the batch's catch-up: one always right at the
-        deepest depth, its steps costing what plain ones do, saves a fraction 1 - 1/(k+1)
-        of the plain time of the tokens left. If not, a probe up from depth 0 (a drafting
+        """Whether any draft could repay the batch's catch-up (with ``catch_up_margin``):
+        one always right at the deepest depth, its steps costing what plain ones do, saves
+        a fraction 1 - 1/(k+1) of the plain time of the tokens left. If not, a probe up from depth 0 (a drafting
         step over the stale draft cache) could not change the depth: it is skipped."""
         owed = self._catch_up_owed(batch_size)
         if owed is None:
             return True
         tokens_left, cost = owed
-        return tokens_left * (1 - 1 / (self.deepest + 1)) / self.goodput(batch_size, 0) > cost
+        saved = tokens_left * (1 - 1 / (self.deepest + 1)) / self.goodput(batch_size, 0)
+        return saved > self.catch_up_margin * cost
 
     def _probe_only_times(self, batch_size: int) -> bool:
-        """Whether a probe up from depth 0 would only retime a step timed already: on a
+        """Whether a probe up from depth 0 would only retime a step priced already: on a
         server that catches up, a probe drafts over the stale draft cache and its
         acceptance is not counted, so all it teaches is its step's cost, and the step it
-        would run is timed ``min_samples`` times at this batch size. Each such probe cost
-        a drafting step and the one-token extend before it (~1.5% of a batch of 2's time
-        at a 32-step interval) for nothing the policy would act on."""
-        return self.debt is not None and self.cost.cell_timed(batch_size, self.candidates[1])
+        would run is timed ``min_samples`` times at this batch size or between two batch
+        sizes so timed (`StepCostModel.cell_priced`). Each such probe cost a drafting step
+        and the one-token extend before it (~1.5% of a batch of 2's time at a 32-step
+        interval) for nothing the policy would act on."""
+        return self.debt is not None and self.cost.cell_priced(batch_size, self.candidates[1])
 
     def _catch_up_owed(self, batch_size: int) -> tuple[int, float] | None:
         """The batch's tokens left and the seconds its catch-up costs; None if it owes
@@ -658,14 +696,15 @@ class GoodputPolicy:
 
     def _neighbours_timed(self, batch_size: int, depth: int) -> bool:
         """Whether the steps a probe from ``depth`` would run at this batch size (the
-        candidates either side) are each timed ``min_samples`` times already. A load that
+        candidates either side) are each priced by their own timings already
+        (`StepCostModel.cell_priced`). A load that
         drains (a burst's tail: 32 requests, then 13, then 8) changes its batch size by a
         third again and again; probing each at the base rate cost a drafting step and the
         catch-up before it every 32 steps (~2% of a plain step's time at batch 13), to
         time cells whose own medians price them already."""
         index = self.candidates.index(depth)
         around = self.candidates[max(index - 1, 0) : index + 2]
-        return all(self.cost.cell_timed(batch_size, k) for k in around if k != depth)
+        return all(self.cost.cell_priced(batch_size, k) for k in around if k != depth)
 
     def _neighbour(self, depth: int) -> int:
         """The next candidate up or down (alternating; up from 0, down from the deepest)."""

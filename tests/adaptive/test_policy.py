@@ -103,7 +103,8 @@ def test_a_long_load_at_large_batches_keeps_the_small_ones() -> None:
 def test_a_cell_timed_often_enough_predicts_itself() -> None:
     """A host whose step is flat up to batch 4 and then climbs with the drafts (a CPU with
     AMX): no line through every cell fits batch 2, whose own timings price it; a cell not
-    timed is the fit's."""
+    timed is the line between the timed cells either side of it (within a factor of two),
+    else the fit's."""
 
     def verify(b: int, k: int) -> float:
         return 0.2 + 0.05 * k + (0.1 * (b - 4) * k if b > 4 else 0.0)
@@ -116,7 +117,27 @@ def test_a_cell_timed_often_enough_predicts_itself() -> None:
     fitted = lambda b, k: float(step_features(b, k) @ model.coefficients())  # noqa: E731
     assert abs(fitted(2, 1) - verify(2, 1)) > 0.02
     assert model.predict(2, 1) == pytest.approx(verify(2, 1))
-    assert model.predict(3, 1) == pytest.approx(fitted(3, 1))
+    assert model.predict(12, 1) == pytest.approx((verify(8, 1) + verify(16, 1)) / 2)
+    assert model.predict(12, 2) == pytest.approx(fitted(12, 2))  # depth 2: not timed
+    assert model.predict(24, 1) == pytest.approx(fitted(24, 1))  # nothing timed above
+    assert model.cell_priced(12, 1) and not model.cell_priced(24, 1)
+
+
+def test_only_neighbours_within_a_factor_of_two_price_a_batch_size() -> None:
+    """Timed at batch 4 and 16 only, batch 10 is the fit's: the step's cost is not a line
+    over so wide a span (flat up to 8 on a CPU with AMX)."""
+    model = StepCostModel()
+    for _ in range(4):  # the first step at each depth is a warm-up
+        for b in (1, 4, 16):
+            for k in (0, 1):
+                model.observe(b, k, 0.2 + 0.01 * b + 0.05 * k + (0.1 if b > 8 else 0.0))
+    fitted = float(step_features(10, 1) @ model.coefficients())
+    assert not model.cell_priced(10, 1) and not model.cell_priced(2, 1)
+    assert model.predict(10, 1) == pytest.approx(fitted)
+    model.observe(8, 1, 0.33)
+    assert not model.cell_priced(6, 1)  # timed once: not yet
+    model.observe(8, 1, 0.33), model.observe(8, 1, 0.33)
+    assert model.cell_priced(6, 1) and model.predict(6, 1) == pytest.approx(0.31)
 
 
 def test_cost_model_needs_two_depths_timed_often() -> None:
@@ -366,6 +387,28 @@ def test_a_draining_load_probes_less_once_the_probed_steps_are_timed() -> None:
     assert timed <= 5 and untimed >= 2 * len(drain), (timed, untimed)
 
 
+def test_a_draining_load_is_not_probed_where_timed_sizes_either_side_price_it() -> None:
+    """On a server that catches up, a probe up from depth 0 only times its step: a drain
+    through sizes that lie between sizes timed within a factor of two of each other needs
+    none; between sizes timed farther apart, each new size is probed."""
+    coef = np.array([0.100, 0.010, 0.005, 0.010])
+    drain = [32, 21, 14, 9, 6, 4]
+
+    def probes(timed_sizes: list[int]) -> int:
+        policy = ready_policy(coef, 0.1, [0, 1, 2, 3], probe_every=8, max_probe_every=512)
+        policy.price_catch_up(lambda batch_size: CatchUpDebt(10, 2048))
+        for b in timed_sizes:
+            for k in (0, 1):
+                for _ in range(3):
+                    policy.cost.observe(b, k, float(step_features(b, k) @ coef))
+        decisions = [policy.choose(b) for b in drain for _ in range(40)]
+        assert {d.depth for d in decisions if d.reason != "probe"} == {0}
+        return sum(d.reason == "probe" for d in decisions)
+
+    assert probes([32, 16, 8, 4]) == 0
+    assert probes([32, 4]) >= 2
+
+
 def test_a_switch_needs_the_gain_on_consecutive_decisions() -> None:
     """Hysteresis: one decision that favours another depth does not move the settled one."""
     coef = np.array([0.100, 0.010, 0.005, 0.010])
@@ -594,11 +637,31 @@ def test_depth_0_is_left_only_when_drafting_repays_the_catch_up() -> None:
     assert [leave.choose(2).depth for _ in range(3)][-1] > 0
 
 
+def test_a_catch_up_repaid_once_but_not_with_the_margin_keeps_depth_0() -> None:
+    """Savings forecast at 1.5 times the catch-up's cost: not enough with the default
+    margin (the forecast may not come, the catch-up is paid whatever), enough with none."""
+    probe = settled_at_depth_0(CatchUpDebt(positions=1, tokens_left=512))
+    for _ in range(probe.confirm_steps):
+        predicted = probe.choose(2).goodput
+    best = max(predicted, key=lambda k: (predicted[k], -k))
+    saved = 512 * (1 / predicted[0] - 1 / predicted[best])
+    positions = round(saved / probe.cost.seconds_per_position() / 1.5)
+
+    def settles(margin: float) -> list[Decision]:
+        policy = settled_at_depth_0(CatchUpDebt(positions, 512), catch_up_margin=margin)
+        return [policy.choose(2) for _ in range(4)]
+
+    held = settles(2.0)
+    assert {d.depth for d in held} == {0} and held[-1].reason == "catch-up-cost"
+    assert settles(1.0)[-1].depth == best
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 20_000), st.integers(0, 2_000), st.integers(1, 16))
 def test_leaving_depth_0_weighs_the_debt_as_priced(positions, tokens_left, batch_size) -> None:
     """The rule against its arithmetic: leave when the time saved over the tokens left
-    (1/goodput per token) exceeds positions x cost per position, else hold."""
+    (1/goodput per token) exceeds the margin times positions x cost per position, else
+    hold."""
     policy = settled_at_depth_0(CatchUpDebt(positions, tokens_left))
     for _ in range(policy.confirm_steps):
         decision = policy.choose(batch_size)
@@ -608,7 +671,8 @@ def test_leaving_depth_0_weighs_the_debt_as_priced(positions, tokens_left, batch
         assert decision.depth == 0 and decision.reason == "hold"
         return
     saved = tokens_left * (1 / predicted[0] - 1 / predicted[best])
-    repaid = positions == 0 or saved > positions * policy.cost.seconds_per_position()
+    cost = positions * policy.cost.seconds_per_position()
+    repaid = positions == 0 or saved > policy.catch_up_margin * cost
     assert decision.depth == (best if repaid else 0)
 
 
