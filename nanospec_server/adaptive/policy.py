@@ -379,7 +379,8 @@ class RequestAcceptance:
 @dataclass(frozen=True)
 class Decision:
     depth: int
-    # "pinned", "fixed", "explore", "probe", "goodput", "hold", "catch-up-cost", "probe-timed"
+    # "pinned", "fixed", "explore", "probe", "goodput", "hold", "catch-up-cost", "probe-timed",
+    # "probe-beyond-drafting"
     reason: str
     goodput: dict[int, float]  # predicted tokens/s per candidate depth (empty if unknown)
 
@@ -415,7 +416,8 @@ class GoodputPolicy:
       model and, from depth 0, the acceptance estimate stay current; not up from depth 0
       when no draft could repay the batch's catch-up (the probe could change nothing), nor
       when, on a server that catches up, it would only retime a step timed already
-      (``_probe_only_times``).
+      (``_probe_only_times``) or time one at a batch size beyond any a drafting step was
+      timed at (``_probe_beyond_drafting``).
       Under a steady load a probe that changes nothing doubles the interval (up to
       ``max_probe_every``); a new settled depth, or a batch size a third off the last
       probe's, brings it back. A load that comes back (a batch-size band whose last probe
@@ -528,6 +530,8 @@ class GoodputPolicy:
                 return Decision(chosen, "catch-up-cost", predicted)
             if chosen == 0 and self._probe_only_times(batch_size):
                 return Decision(chosen, "probe-timed", predicted)
+            if chosen == 0 and self._probe_beyond_drafting(batch_size):
+                return Decision(chosen, "probe-beyond-drafting", predicted)
             return Decision(self._neighbour(chosen), "probe", predicted)
         return Decision(chosen, reason, predicted)
 
@@ -591,6 +595,21 @@ class GoodputPolicy:
         and the one-token extend before it (~1.5% of a batch of 2's time at a 32-step
         interval) for nothing the policy would act on."""
         return self.debt is not None and self.cost.cell_priced(batch_size, self.candidates[1])
+
+    def _probe_beyond_drafting(self, batch_size: int) -> bool:
+        """Whether a probe up from depth 0 would run, on a server that catches up, at a
+        batch size larger than any a drafting step was timed at. It would draft over the
+        stale draft cache (nothing of its acceptance counted) to time one step: a verify
+        and the draft's extends around it, ~1.4 plain steps at batch 9-16 on a 2-core CPU,
+        where two such probes cost a round of 16 requests ~2%. So drafting is chosen only
+        up to the largest batch size it was timed at: the one a fresh server explores at,
+        or one it drafted at. On a CPU, the only host that catches up, a verify's cost
+        grows with the batch and no load measured there drafted to a gain above 8
+        requests, but at its shrinking tail."""
+        if self.debt is None:
+            return False
+        drafting = (k for k in self.candidates if k > 0)
+        return batch_size > max(self.cost.largest_batch_timed(k) for k in drafting)
 
     def _catch_up_owed(self, batch_size: int) -> tuple[int, float] | None:
         """The batch's tokens left and the seconds its catch-up costs; None if it owes

@@ -708,6 +708,27 @@ def test_no_probe_up_from_depth_0_that_would_only_retime_a_timed_step() -> None:
     assert probes(None, timings=3) >= 2
 
 
+def test_no_probe_up_from_depth_0_beyond_the_batch_sizes_drafting_was_timed_at() -> None:
+    """On a server that catches up, a probe at a batch size larger than any a drafting step
+    was timed at would draft over the stale draft cache to time a step where drafting was
+    never seen to pay: skipped. Without a catch-up (its acceptance counts) it runs."""
+
+    def probes(debt: CatchUpDebt | None) -> int:
+        policy = GoodputPolicy([0, 1, 2, 3], probe_every=8)
+        policy.cost = exact_cost_model(CPU_HOST, [0, 1, 2, 3], [1, 2, 4, 8])
+        for _ in range(3):
+            policy.cost.observe(16, 0, float(step_features(16, 0) @ CPU_HOST))
+        policy.acceptance = AcceptanceEstimate(successes=100, trials=1000)
+        if debt is not None:
+            policy.price_catch_up(lambda batch_size: debt)
+        decisions = [policy.choose(16) for _ in range(200)]
+        assert {d.depth for d in decisions if d.reason != "probe"} == {0}
+        return sum(d.reason == "probe" for d in decisions)
+
+    assert probes(CatchUpDebt(10, 2048)) == 0
+    assert probes(None) >= 2
+
+
 def test_a_load_that_comes_back_keeps_its_probe_interval() -> None:
     """Bursts of 16 that drain to one request: the lone request drafts (a new settled
     depth), the next burst settles at depth 0 again. Its probes go on at the interval the
