@@ -598,18 +598,25 @@ class GoodputPolicy:
 
     def _probe_beyond_drafting(self, batch_size: int) -> bool:
         """Whether a probe up from depth 0 would run, on a server that catches up, at a
-        batch size larger than any a drafting step was timed at. It would draft over the
-        stale draft cache (nothing of its acceptance counted) to time one step: a verify
-        and the draft's extends around it, ~1.4 plain steps at batch 9-16 on a 2-core CPU,
-        where two such probes cost a round of 16 requests ~2%. So drafting is chosen only
-        up to the largest batch size it was timed at: the one a fresh server explores at,
-        or one it drafted at. On a CPU, the only host that catches up, a verify's cost
-        grows with the batch and no load measured there drafted to a gain above 8
-        requests, but at its shrinking tail."""
+        batch size larger than any a drafting step was timed at, while at that largest
+        size drafting is predicted to lose to depth 0. It would draft over the stale draft
+        cache (nothing of its acceptance counted) to time one step: a verify and the
+        draft's extends around it, 0.58 s where a plain step took 0.24 s at batch 9-16 on
+        a 2-core CPU (two such probes: ~0.7 s of a 40-60 s round of 16 requests), at a
+        size where drafting pays less still: a verify's cost grows with the batch, and
+        the acceptance does not. Where drafting wins at the largest size timed, the probes
+        go on timing larger ones: a load that drafts to a gain at 2 requests learns
+        whether it does at 4."""
         if self.debt is None:
             return False
-        drafting = (k for k in self.candidates if k > 0)
-        return batch_size > max(self.cost.largest_batch_timed(k) for k in drafting)
+        drafting = [k for k in self.candidates if k > 0]
+        largest = max(self.cost.largest_batch_timed(k) for k in drafting)
+        if batch_size <= largest:
+            return False
+        trusted = [k for k in self.trusted(largest) if k > 0]
+        rates = self.batch_rates(largest)
+        plain = self.goodput(largest, 0, rates)
+        return all(self.goodput(largest, k, rates) <= plain for k in trusted)
 
     def _catch_up_owed(self, batch_size: int) -> tuple[int, float] | None:
         """The batch's tokens left and the seconds its catch-up costs; None if it owes

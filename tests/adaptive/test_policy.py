@@ -710,22 +710,27 @@ def test_no_probe_up_from_depth_0_that_would_only_retime_a_timed_step() -> None:
 
 def test_no_probe_up_from_depth_0_beyond_the_batch_sizes_drafting_was_timed_at() -> None:
     """On a server that catches up, a probe at a batch size larger than any a drafting step
-    was timed at would draft over the stale draft cache to time a step where drafting was
-    never seen to pay: skipped. Without a catch-up (its acceptance counts) it runs."""
+    was timed at would draft over the stale draft cache to time a step where drafting pays
+    less still than at the largest size timed: skipped where drafting loses there, run
+    where it wins there (the load may draft to a gain at larger sizes too). Without a
+    catch-up (its acceptance counts) it runs."""
 
-    def probes(debt: CatchUpDebt | None) -> int:
+    def probes(debt: CatchUpDebt | None, acceptance: float = 0.1) -> int:
         policy = GoodputPolicy([0, 1, 2, 3], probe_every=8)
         policy.cost = exact_cost_model(CPU_HOST, [0, 1, 2, 3], [1, 2, 4, 8])
         for _ in range(3):
             policy.cost.observe(16, 0, float(step_features(16, 0) @ CPU_HOST))
-        policy.acceptance = AcceptanceEstimate(successes=100, trials=1000)
+        policy.acceptance = AcceptanceEstimate(successes=1000 * acceptance, trials=1000)
         if debt is not None:
             policy.price_catch_up(lambda batch_size: debt)
         decisions = [policy.choose(16) for _ in range(200)]
         assert {d.depth for d in decisions if d.reason != "probe"} == {0}
         return sum(d.reason == "probe" for d in decisions)
 
+    assert host_best_depth(CPU_HOST, 0.95, 8, [0, 1, 2, 3]) > 0
+    assert host_best_depth(CPU_HOST, 0.1, 8, [0, 1, 2, 3]) == 0
     assert probes(CatchUpDebt(10, 2048)) == 0
+    assert probes(CatchUpDebt(10, 2048), acceptance=0.95) >= 2
     assert probes(None) >= 2
 
 
