@@ -212,11 +212,11 @@ class StepCostModel:
     def predict(self, batch_size: int, depth: int) -> float:
         """Seconds for one step: the median of its own (batch size, depth) cell where that
         is timed ``min_samples`` times, else the line between the medians of the timed
-        cells that bracket its batch size (`_bracket`), else the fit's; never below a microsecond (a fit on
-        noisy timings can extrapolate below zero far from the data). A host's step cost is
-        not linear in the batch and the depth everywhere (a CPU with AMX decodes batch 1 to
-        8 in about the same time): a line through every cell can miss a timed cell by a
-        third, enough to keep a batch at depth 0 where drafting pays."""
+        cells that bracket its batch size (`_bracket`), else the fit's; never below a
+        microsecond (a fit on noisy timings can extrapolate below zero far from the data).
+        A host's step cost is not linear in the batch and the depth everywhere (a CPU with
+        AMX decodes batch 1 to 8 in about the same time): a line through every cell can
+        miss a timed cell by a third, enough to keep a batch at depth 0 where drafting pays."""
         plain = self.plain_coefficients() if depth == 0 else None
         cell = PLAIN_CELL if plain is not None else VERIFY_CELL
         key = (batch_size, depth, cell)
@@ -577,8 +577,9 @@ class GoodputPolicy:
     def _catch_up_repayable(self, batch_size: int) -> bool:
         """Whether any draft could repay the batch's catch-up (with ``catch_up_margin``):
         one always right at the deepest depth, its steps costing what plain ones do, saves
-        a fraction 1 - 1/(k+1) of the plain time of the tokens left. If not, a probe up from depth 0 (a drafting
-        step over the stale draft cache) could not change the depth: it is skipped."""
+        a fraction 1 - 1/(k+1) of the plain time of the tokens left. If not, a probe up
+        from depth 0 (a drafting step over the stale draft cache) could not change the
+        depth: it is skipped."""
         owed = self._catch_up_owed(batch_size)
         if owed is None:
             return True
