@@ -223,7 +223,8 @@ class StepCostModel:
         if self._timed(*key):
             return max(self._median(key), 1e-6)
         if bracket := self._bracket(*key):
-            (low, high), share = bracket, (batch_size - bracket[0]) / (bracket[1] - bracket[0])
+            low, high = bracket
+            share = (batch_size - low) / (high - low)
             at_low, at_high = self._median((low, depth, cell)), self._median((high, depth, cell))
             return max(at_low + share * (at_high - at_low), 1e-6)
         if plain is not None:
@@ -514,7 +515,7 @@ class GoodputPolicy:
             # smaller batches only: time the cheap depth at this size before trusting it.
             return Decision(shallowest, "probe", predicted)
         chosen, reason = self._settle(_argmax(predicted), predicted, batch_size)
-        if not _steady(batch_size, self._batch_at_probe) and not self._neighbours_timed(
+        if not _steady(batch_size, self._batch_at_probe) and not self._neighbours_priced(
             batch_size, chosen
         ):  # another load, whose neighbouring steps are not timed yet: probe as at first
             self._probe_interval = self.probe_every
@@ -614,10 +615,7 @@ class GoodputPolicy:
         largest = max(self.cost.largest_batch_timed(k) for k in drafting)
         if batch_size <= largest:
             return False
-        trusted = [k for k in self.trusted(largest) if k > 0]
-        rates = self.batch_rates(largest)
-        plain = self.goodput(largest, 0, rates)
-        return all(self.goodput(largest, k, rates) <= plain for k in trusted)
+        return self.predicted_best(largest) == 0
 
     def _catch_up_owed(self, batch_size: int) -> tuple[int, float] | None:
         """The batch's tokens left and the seconds its catch-up costs; None if it owes
@@ -721,12 +719,11 @@ class GoodputPolicy:
                 return depth
         return None
 
-    def _neighbours_timed(self, batch_size: int, depth: int) -> bool:
+    def _neighbours_priced(self, batch_size: int, depth: int) -> bool:
         """Whether the steps a probe from ``depth`` would run at this batch size (the
         candidates either side) are each priced by their own timings already
-        (`StepCostModel.cell_priced`). A load that
-        drains (a burst's tail: 32 requests, then 13, then 8) changes its batch size by a
-        third again and again; probing each at the base rate cost a drafting step and the
+        (`StepCostModel.cell_priced`). A load that drains (a burst's tail: 32 requests,
+        then 13, then 8) changes its batch size by a third again and again; probing each at the base rate cost a drafting step and the
         catch-up before it every 32 steps (~2% of a plain step's time at batch 13), to
         time cells whose own medians price them already."""
         index = self.candidates.index(depth)
