@@ -368,6 +368,18 @@ class RequestAcceptance:
             return server_rate
         return float(np.mean([self._shrunk(s, t, server_rate) for s, t in last]))
 
+    def upper_rate(self, server_rate: float, quantile: float) -> float:
+        """The ``quantile`` of the recent requests' own rates: what a new request accepts
+        if it is among the better ones (the server-wide rate before any drafted)."""
+        last = list(islice(reversed(self._own.values()), self.recent))
+        if not last:
+            return server_rate
+        return float(np.quantile([self._shrunk(s, t, server_rate) for s, t in last], quantile))
+
+    def drafted(self, request_id: str) -> bool:
+        """Whether the request has a rate of its own (it drafted, and is remembered)."""
+        return request_id in self._own
+
     def rates(self, request_ids: Sequence[str], server_rate: float) -> list[float]:
         """Each request's rate (a request that has not drafted: the new-request rate)."""
         prior = self.new_request_rate(server_rate)
@@ -381,7 +393,7 @@ class RequestAcceptance:
 class Decision:
     depth: int
     # "pinned", "fixed", "explore", "probe", "goodput", "hold", "catch-up-cost", "probe-timed",
-    # "probe-beyond-drafting"
+    # "probe-beyond-drafting", "probe-own-rate"
     reason: str
     goodput: dict[int, float]  # predicted tokens/s per candidate depth (empty if unknown)
 
@@ -419,6 +431,12 @@ class GoodputPolicy:
       when, on a server that catches up, it would only retime a step timed already
       (``_probe_only_times``) or time one at a batch size beyond any a drafting step was
       timed at (``_probe_beyond_drafting``).
+    - On a server that catches up, a batch at depth 0 holding a request that never drafted
+      runs one caught-up drafting step whose acceptance counts (``_own_rate_probe``), where
+      drafting would pay if that request accepted like the better recent ones
+      (``own_rate_quantile``): a new request is otherwise priced at the recent requests'
+      mean, and a lone request among poor ones never learns that it drafts well. At most
+      one such step per ``probe_every`` steps.
       Under a steady load a probe that changes nothing doubles the interval (up to
       ``max_probe_every``); a new settled depth, or a batch size a third off the last
       probe's, brings it back. A load that comes back (a batch-size band whose last probe
@@ -439,6 +457,9 @@ class GoodputPolicy:
     # Leaving depth 0 pays the catch-up in full before the first draft, for savings that
     # are a forecast (the tokens left, the acceptance): they must cover it this many times.
     catch_up_margin: float = 2.0
+    # A request that never drafted is probed where drafting pays at this quantile of the
+    # recent requests' own rates.
+    own_rate_quantile: float = 0.75
     confirm_steps: int = 2
     probe_every: int = 32
     max_probe_every: int = 512
@@ -459,6 +480,8 @@ class GoodputPolicy:
     _band_probes: dict[int, tuple[int, int]] = field(default_factory=dict)
     _challenger: int | None = None  # a depth that beat the settled one, and how often
     _challenges: int = 0
+    _next_own_rate_probe: int = 0
+    _own_rate_probed: OrderedDict = field(default_factory=OrderedDict)  # request ids
 
     def __post_init__(self) -> None:
         if not self.candidates or any(k < 0 for k in self.candidates):
@@ -515,6 +538,8 @@ class GoodputPolicy:
             # smaller batches only: time the cheap depth at this size before trusting it.
             return Decision(shallowest, "probe", predicted)
         chosen, reason = self._settle(_argmax(predicted), predicted, batch_size)
+        if chosen == 0 and (probe := self._own_rate_probe(batch_size, request_ids, predicted)):
+            return Decision(probe, "probe-own-rate", predicted)
         if not _steady(batch_size, self._batch_at_probe) and not self._neighbours_priced(
             batch_size, chosen
         ):  # another load, whose neighbouring steps are not timed yet: probe as at first
@@ -616,6 +641,48 @@ class GoodputPolicy:
         if batch_size <= largest:
             return False
         return self.predicted_best(largest) == 0
+
+    def _own_rate_probe(
+        self, batch_size: int, request_ids: Sequence[str] | None, predicted: dict[int, float]
+    ) -> int | None:
+        """The depth of a caught-up drafting step that measures the own rate of a request
+        that never drafted, or None. On a server that catches up, a request that arrived at
+        depth 0 is priced at the new-request rate (the recent requests' mean), and a
+        periodic probe, drafting over the stale cache, counts nothing: after a few poor
+        requests, a lone request that drafts well never drafts (a lone request's catch-up
+        is its prompt, which a fixed depth pays anyway at its prefill). So where drafting,
+        its catch-up repaid with the margin, would pay if the new requests accepted at
+        ``own_rate_quantile`` of the recent rates, the batch drafts one step, caught up,
+        and the next decisions price them at their own evidence."""
+        if self.debt is None or request_ids is None or len(request_ids) != batch_size:
+            return None
+        if self.steps < self._next_own_rate_probe or max(predicted) == 0:
+            return None
+        new = [
+            rid
+            for rid in request_ids
+            if not self.requests.drafted(rid) and rid not in self._own_rate_probed
+        ]
+        if not new:
+            return None
+        server = self.acceptance.rate
+        upper = self.requests.upper_rate(server, self.own_rate_quantile)
+        rates = [
+            upper if rid in new else r
+            for rid, r in zip(request_ids, self.requests.rates(request_ids, server), strict=True)
+        ]
+        hoped = {k: self.goodput(batch_size, k, rates) for k in predicted}
+        best = _argmax(hoped)
+        if best == 0 or hoped[best] <= hoped[0] * (1 + self.min_gain_leaving_plain):
+            return None
+        if not self._repays_catch_up(batch_size, best, hoped):
+            return None
+        for rid in new:
+            self._own_rate_probed[rid] = None
+        while len(self._own_rate_probed) > self.requests.remembered:
+            self._own_rate_probed.popitem(last=False)
+        self._next_own_rate_probe = self.steps + self.probe_every
+        return best
 
     def _catch_up_owed(self, batch_size: int) -> tuple[int, float] | None:
         """The batch's tokens left and the seconds its catch-up costs; None if it owes

@@ -753,3 +753,54 @@ def test_a_load_that_comes_back_keeps_its_probe_interval() -> None:
     first = sum(d.reason == "probe" for d in burst())
     later = [sum(d.reason == "probe" for d in burst()) for _ in range(4)]
     assert first >= 3 and all(n <= 1 for n in later), (first, later)
+
+
+# A dearer draft than CPU_HOST's: a depth-1 step costs 1.45 plain steps at batch 1, a
+# depth-3 one 2.5.
+DEAR_DRAFT_HOST = np.array([0.152, 0.0045, 0.060, 0.02])
+
+
+def depth_0_after(accepted_per_request: list[int], debt: CatchUpDebt | None) -> GoodputPolicy:
+    """A policy settled at depth 0 after requests that drafted one at a time at depth 3,
+    ten steps each with these tokens accepted per step, the batch owing ``debt``."""
+    policy = ready_policy(DEAR_DRAFT_HOST, 0.5, [0, 1, 2, 3])
+    policy.settled = 0
+    if debt is not None:
+        policy.price_catch_up(lambda batch_size: debt)
+    for i, accepted in enumerate(accepted_per_request):
+        for _ in range(10):
+            policy.observe_acceptance([accepted], 3, [f"old-{i}"])
+    return policy
+
+
+MIXED = [0, 0, 3, 0, 0, 3, 0, 3]  # five requests with nothing accepted, three with all
+
+
+@pytest.mark.parametrize("drafts_well", [True, False])
+def test_a_new_request_among_poor_ones_drafts_one_step_to_learn_its_own_rate(
+    drafts_well: bool,
+) -> None:
+    """On a server that catches up, a lone request priced at the recent requests' mean
+    (below break-even) would never draft; where the better recent requests' rate pays, it
+    drafts one caught-up step whose acceptance counts, then drafts on if it accepted and
+    goes back to depth 0 if not, not probed again."""
+    policy = depth_0_after(MIXED, CatchUpDebt(50, 128))
+    assert policy.predicted_best(1, ["new"]) == 0
+    probe = policy.choose(1, ["new"])
+    assert probe.reason == "probe-own-rate" and probe.depth > 0
+    policy.observe_acceptance([probe.depth if drafts_well else 0], probe.depth, ["new"])
+    after = [policy.choose(1, ["new"]) for _ in range(40)]
+    assert "probe-own-rate" not in {d.reason for d in after}
+    assert (after[-1].depth > 0) == drafts_well, after[-1]
+
+
+def test_no_own_rate_probe_where_even_the_better_requests_would_not_pay() -> None:
+    """Recent requests all poor, a catch-up no draft repays, or no catch-up at all (a
+    periodic probe counts its acceptance there): the new request stays at depth 0."""
+    for policy in (
+        depth_0_after([0] * 8, CatchUpDebt(50, 128)),
+        depth_0_after(MIXED, CatchUpDebt(50_000, 128)),
+        depth_0_after(MIXED, None),
+    ):
+        decisions = [policy.choose(1, ["new"]) for _ in range(40)]
+        assert {(d.depth, d.reason) for d in decisions} <= {(0, "hold"), (0, "goodput")}
