@@ -392,8 +392,8 @@ class RequestAcceptance:
 @dataclass(frozen=True)
 class Decision:
     depth: int
-    # "pinned", "fixed", "explore", "probe", "goodput", "hold", "catch-up-cost", "probe-timed",
-    # "probe-beyond-drafting", "probe-own-rate"
+    # "pinned", "fixed", "explore", "explore-later", "probe", "goodput", "hold",
+    # "catch-up-cost", "probe-timed", "probe-beyond-drafting", "probe-own-rate"
     reason: str
     goodput: dict[int, float]  # predicted tokens/s per candidate depth (empty if unknown)
 
@@ -407,6 +407,11 @@ class GoodputPolicy:
       often, then the shallowest drafting depth as often, each after its warm-up step.
       Two drafting depths split a verify's fixed cost from a draft step's; one leaves the
       fit guessing (a minimum-norm split that priced depth 1 at 40% of depth 3).
+      It times the drafting depths only at batch sizes up to ``explore_max_batch`` and
+      runs larger batches at depth 0 meanwhile (reason ``explore-later``): a fresh
+      server's first burst of 8 spent nine drafting steps at 1.5-2.5 plain steps each,
+      and the catch-up of every prompt before them, on timings a batch of one or two
+      takes at a fraction of that cost (bursts drain to one).
     - Then it takes the depth of highest predicted goodput among the depths it trusts
       (timed, or between two timed drafting depths, at a batch size no larger than a
       drafting step was timed at: never one the fit extrapolates to), switching away from the
@@ -454,6 +459,7 @@ class GoodputPolicy:
     candidates: list[int]
     min_gain: float = 0.03
     min_gain_leaving_plain: float = 0.10
+    explore_max_batch: int = 2  # the largest batch a fresh server times drafting steps at
     # Leaving depth 0 pays the catch-up in full before the first draft, for savings that
     # are a forecast (the tokens left, the acceptance): they must cover it this many times.
     catch_up_margin: float = 2.0
@@ -529,7 +535,11 @@ class GoodputPolicy:
             return fixed
         explore = self._explore_depth()
         if explore is not None or not self.cost.ready:
-            return Decision(self.candidates[0] if explore is None else explore, "explore", {})
+            depth = self.candidates[0] if explore is None else explore
+            cheap = self.candidates[0] == 0
+            if depth > 0 and cheap and batch_size > self.explore_max_batch:
+                return Decision(0, "explore-later", {})
+            return Decision(depth, "explore", {})
         rates = self.batch_rates(batch_size, request_ids)
         predicted = {k: self.goodput(batch_size, k, rates) for k in self.trusted(batch_size)}
         shallowest = self.candidates[0]

@@ -352,6 +352,27 @@ def test_cold_start_times_the_full_depth_then_probes(candidates) -> None:
     assert "probe" in reasons and "explore" not in reasons
 
 
+def test_a_fresh_server_times_drafting_only_once_a_burst_drains() -> None:
+    """A fresh server's first burst of 8 runs at depth 0 once depth 0 is timed; the drafting
+    depths are timed when the batch is down to ``explore_max_batch``. With no depth 0 to
+    fall back on, any batch explores."""
+    policy = GoodputPolicy([0, 1, 3], probe_every=10**9)
+    burst = []
+    for _ in range(30):
+        decision = policy.choose(8)
+        burst.append((decision.depth, decision.reason))
+        policy.cost.observe(8, decision.depth, 0.2)
+    runs = policy.cost.min_samples + 1
+    assert burst == [(0, "explore")] * runs + [(0, "explore-later")] * (30 - runs)
+    tail = []
+    while (decision := policy.choose(2)).reason == "explore":
+        tail.append(decision.depth)
+        policy.cost.observe(2, decision.depth, 0.1 + 0.05 * decision.depth)
+    assert tail == [3] * runs + [1] * runs  # depth 0 is timed already, at batch 8
+    assert policy.cost.ready
+    assert GoodputPolicy([1, 3]).choose(8) == Decision(1, "explore", {})
+
+
 def test_probes_back_off_under_a_steady_load() -> None:
     """A probe that changes nothing doubles the interval to the next, up to the cap; a
     new settled depth brings the base interval back."""
@@ -426,11 +447,11 @@ def test_exploration_is_bounded_whatever_the_timings(times, deepest) -> None:
     policy = GoodputPolicy(list(range(deepest + 1)))
     explored = []
     for seconds in times:
-        decision = policy.choose(8)
+        decision = policy.choose(2)
         if decision.reason != "explore":
             break
         explored.append(decision.depth)
-        policy.cost.observe(8, decision.depth, seconds)
+        policy.cost.observe(2, decision.depth, seconds)
     assert len(explored) <= 3 * policy.cost.min_samples + 3
     assert sum(1 for k in explored if k > 0) <= 2 * policy.cost.min_samples + 2
 
