@@ -3,7 +3,7 @@
 Each configuration of a preset is started alone in turn (two real servers may not fit in
 memory together), driven by `sglang.bench_serving` (random token ids) at each concurrency,
 and stopped; ``--rounds`` rounds interleave them. Prints every run's output tokens per
-second and P99 inter-token latency, then each configuration's median ratio to the
+second and inter-token latency (median, P99), then each configuration's median ratio to the
 preset's first one per concurrency.
 
 Presets:
@@ -11,11 +11,14 @@ Presets:
   schedule (on a CPU torch's streams and events do nothing: does the loop matter?).
 - ``bf16-linear``: in bf16, SGLang's own linear layers (``NANOSPEC_CPU_LINEAR=0``)
   against our packed row-invariant ones, for plain decoding and the default pair.
+- ``memory``: plain decoding with torch's CPU allocator asking for transparent huge pages
+  (``THP_MEM_ALLOC_ENABLE=1``), and with glibc's malloc keeping what it frees as well.
 - ``serve``: plain decoding of the default target beside `nanospec serve`'s default pair
   as it starts with no flags (adaptive speculation on, on a CPU).
 
     python benchmarks/load_ab.py overlap --rounds 2 --concurrency 8
     python benchmarks/load_ab.py bf16-linear --rounds 2 --concurrency 1 8
+    python benchmarks/load_ab.py memory --rounds 3 --concurrency 1 8
     python benchmarks/load_ab.py serve --rounds 2 --concurrency 8 16
 
 ``--stats DIR`` keeps each run's `/stats/vocab` (the depths the policy chose, and why).
@@ -49,6 +52,11 @@ class Config:
     env: dict[str, str] = field(default_factory=dict)
 
 
+# glibc's malloc keeping freed memory (no trim, no mmap below 32 MiB): a step's large
+# temporaries are reused instead of mapped, faulted in and unmapped again.
+MALLOC = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
+
+
 def presets() -> dict[str, dict[str, Config]]:
     pair = default_serve_argv()  # the embedded default: target, draft and memory flags
     plain = pair[:2] + ["--max-total-tokens", "16384"]
@@ -63,6 +71,11 @@ def presets() -> dict[str, dict[str, Config]]:
             "plain-packed": Config(plain + bf16),
             "pair-sglang-linear": Config(pair + bf16, {CPU_LINEAR: "0"}),
             "pair-packed": Config(pair + bf16),
+        },
+        "memory": {
+            "plain": Config(plain),
+            "thp": Config(plain, {"THP_MEM_ALLOC_ENABLE": "1"}),
+            "thp-malloc": Config(plain, {"THP_MEM_ALLOC_ENABLE": "1", "GLIBC_TUNABLES": MALLOC}),
         },
         "serve": {
             "plain": Config(plain),
@@ -109,7 +122,7 @@ def run_config(config: Config, log: Path) -> Iterator[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", choices=("overlap", "bf16-linear", "serve"))
+    parser.add_argument("preset", choices=("overlap", "bf16-linear", "memory", "serve"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8])
     parser.add_argument("--prompts-per-slot", type=int, default=2, help="prompts = this x c")
@@ -137,7 +150,8 @@ def main() -> None:
                         print(
                             f"round {round_ + 1} c={concurrency} {name}: "
                             f"{report['output_throughput']:.2f} output tok/s, "
-                            f"P99 ITL {report['p99_itl_ms']:.0f} ms",
+                            f"ITL median {report['median_itl_ms']:.0f} ms, "
+                            f"P99 {report['p99_itl_ms']:.0f} ms",
                             flush=True,
                         )
     first = next(iter(configs))
