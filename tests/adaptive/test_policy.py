@@ -755,6 +755,21 @@ def test_no_probe_up_from_depth_0_beyond_the_batch_sizes_drafting_was_timed_at()
     assert probes(None) >= 2
 
 
+@pytest.mark.parametrize("batch_size, probed", [(4, True), (16, False)])
+def test_probes_beyond_the_timed_sizes_climb_by_a_factor_of_two(batch_size, probed) -> None:
+    """Drafting timed at batch 1-2 and winning there: a server that catches up probes a
+    batch of 4 (twice the largest size timed), not a batch of 16 served at once."""
+    policy = GoodputPolicy([0, 1, 2, 3], probe_every=8)
+    policy.cost = exact_cost_model(CPU_HOST, [0, 1, 2, 3], [1, 2, 1, 2, 1, 2])
+    for _ in range(3):
+        policy.cost.observe(batch_size, 0, float(step_features(batch_size, 0) @ CPU_HOST))
+    policy.acceptance = AcceptanceEstimate(successes=950, trials=1000)
+    policy.price_catch_up(lambda size: CatchUpDebt(10, 2048))
+    assert policy.predicted_best(2) > 0
+    decisions = [policy.choose(batch_size) for _ in range(200)]
+    assert (sum(d.reason == "probe" for d in decisions) >= 2) == probed
+
+
 def test_a_load_that_comes_back_keeps_its_probe_interval() -> None:
     """Bursts of 16 that drain to one request: the lone request drafts (a new settled
     depth), the next burst settles at depth 0 again. Its probes go on at the interval the
