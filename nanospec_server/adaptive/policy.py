@@ -363,18 +363,20 @@ class RequestAcceptance:
             self._own.popitem(last=False)
 
     def new_request_rate(self, server_rate: float) -> float:
-        last = list(islice(reversed(self._own.values()), self.recent))
-        if not last:
-            return server_rate
-        return float(np.mean([self._shrunk(s, t, server_rate) for s, t in last]))
+        recent = self._recent_rates(server_rate)
+        return float(np.mean(recent)) if recent else server_rate
 
     def upper_rate(self, server_rate: float, quantile: float) -> float:
         """The ``quantile`` of the recent requests' own rates: what a new request accepts
         if it is among the better ones (the server-wide rate before any drafted)."""
-        last = list(islice(reversed(self._own.values()), self.recent))
-        if not last:
-            return server_rate
-        return float(np.quantile([self._shrunk(s, t, server_rate) for s, t in last], quantile))
+        recent = self._recent_rates(server_rate)
+        return float(np.quantile(recent, quantile)) if recent else server_rate
+
+    def _recent_rates(self, server_rate: float) -> list[float]:
+        """The own rates of the ``recent`` requests that drafted last, each shrunk towards
+        the server-wide rate."""
+        last = islice(reversed(self._own.values()), self.recent)
+        return [self._shrunk(s, t, server_rate) for s, t in last]
 
     def drafted(self, request_id: str) -> bool:
         """Whether the request has a rate of its own (it drafted, and is remembered)."""
@@ -802,9 +804,10 @@ class GoodputPolicy:
         """Whether the steps a probe from ``depth`` would run at this batch size (the
         candidates either side) are each priced by their own timings already
         (`StepCostModel.cell_priced`). A load that drains (a burst's tail: 32 requests,
-        then 13, then 8) changes its batch size by a third again and again; probing each at the base rate cost a drafting step and the
-        catch-up before it every 32 steps (~2% of a plain step's time at batch 13), to
-        time cells whose own medians price them already."""
+        then 13, then 8) changes its batch size by a third again and again; probing each
+        at the base rate cost a drafting step and the catch-up before it every 32 steps
+        (~2% of a plain step's time at batch 13), to time cells whose own medians price
+        them already."""
         index = self.candidates.index(depth)
         around = self.candidates[max(index - 1, 0) : index + 2]
         return all(self.cost.cell_priced(batch_size, k) for k in around if k != depth)
