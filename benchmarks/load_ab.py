@@ -2,9 +2,9 @@
 
 Each configuration of a preset is started alone in turn (two real servers may not fit in
 memory together), driven by `sglang.bench_serving` (random token ids) at each concurrency,
-and stopped; ``--rounds`` rounds interleave them. Prints every run's output tokens per
-second and inter-token latency (median, P99), then each configuration's median ratio to the
-preset's first one per concurrency.
+and stopped; ``--rounds`` rounds interleave them, the order reversed every other round.
+Prints every run's output tokens per second and inter-token latency (median, P99), then each
+configuration's median ratio to the preset's first one per concurrency.
 
 Presets:
 - ``overlap``: plain decoding of the default target with and without SGLang's overlap
@@ -138,7 +138,9 @@ def main() -> None:
     speed: dict[tuple[str, int], list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
-            for name, config in configs.items():
+            # Odd rounds run the configurations in reverse: a host that slows over the run
+            # does not always weigh on the same one.
+            for name, config in list(configs.items())[:: 1 if round_ % 2 == 0 else -1]:
                 tokenizer = config.flags[config.flags.index("--model-path") + 1]
                 with run_config(config, Path(tmp) / f"{name}.log") as url:
                     for concurrency in args.concurrency:
