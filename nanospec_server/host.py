@@ -10,6 +10,8 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import platform
+from pathlib import Path
 
 from nanospec_server.env import cpu_threads
 from nanospec_server.sgl_kernel_cpu.shim import activate_shim, needs_shim
@@ -42,6 +44,17 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
 # Intra-op threads of the scheduler (the process that runs the models); the tokenizer,
 # detokenizer and HTTP processes keep OMP_NUM_THREADS=1. SGLang binds threads itself
 # (SGLANG_CPU_OMP_THREADS_BIND) only on AMX and arm64 hosts through its real sgl_kernel.
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def usable_cores() -> int:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from nanospec_server.env import cache
+from nanospec_server.host import cpu_model
 
 _PACKAGES = ("sglang", "torch", "transformers", "nanospec-server")
 
@@ -34,18 +35,8 @@ def _git_commit() -> str | None:
         return None
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def hardware() -> dict:
-    info = {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()}
+    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()}
     try:
         pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
         info["memory_gib"] = round(pages * page_size / 2**30, 1)
