@@ -10,6 +10,10 @@ their batch size, depth, reason and wall time.
     python benchmarks/adaptive_probe.py --pair eagle        # 0.5B target + EAGLE head, fp32
     python benchmarks/adaptive_probe.py --pair standalone   # the default pair, bf16
     python benchmarks/adaptive_probe.py --pair standalone --pin-depth 0   # its depth-0 ceiling
+
+``--write-calibration PATH`` saves the adaptive server's cost model at the end (what
+`nanospec serve --nanospec-adaptive-calibration PATH` starts from on this host, with the
+same models, dtype and flags: those of ``--pair``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 import requests
 from transformers import AutoTokenizer
 
+from nanospec_server.adaptive.calibration import Calibration, write_calibration
 from nanospec_server.admin.auth import ADMIN_KEY_HEADER
 from nanospec_server.bench.cli import shipped_eagle_head
 from nanospec_server.bench.data import load_tasks
@@ -67,7 +72,13 @@ def main() -> None:
     parser.add_argument(
         "--pin-depth", type=int, help="pin the adaptive server to this depth (its ceiling there)"
     )
+    parser.add_argument(
+        "--write-calibration", type=Path, metavar="PATH",
+        help="save the adaptive server's cost model for --nanospec-adaptive-calibration",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.write_calibration is not None and args.pin_depth is not None:
+        parser.error("--write-calibration: not with --pin-depth (one depth is all it would time)")
 
     name, dtype, spec = PAIRS[args.pair]
     target = model_paths(name).hf_dir
@@ -97,6 +108,12 @@ def main() -> None:
                 print(f"round {round_} {server}: wall {wall:.2f} s, median latency {median:.2f} s")
         stats = requests.get(f"{urls['adaptive']}/stats/vocab", timeout=60).json()["adaptive"]
     steps = stats.pop("recent_steps")
+    calibration = stats.pop("calibration")
+    if args.write_calibration is not None:
+        if calibration is None:
+            raise SystemExit("--write-calibration: the cost model is not ready; run more rounds")
+        write_calibration(Calibration.model_validate(calibration), args.write_calibration)
+        print(f"calibration: {args.write_calibration}")
     print(json.dumps(stats, indent=1))
     print("last steps (batch size, depth, reason, ms):")
     print([(s["batch_size"], s["depth"], s["reason"], s["step_ms"]) for s in steps])

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from nanospec_server import engine_watch, env, host
+from nanospec_server.adaptive.calibration import read_calibration
 from nanospec_server.adaptive.registry import DEFAULT_POLICY, policy_names
 from nanospec_server.admin.cli import add_admin_commands
 from nanospec_server.bench.cli import add_bench_command
@@ -100,6 +101,13 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         f"(default {DEFAULT_POLICY}: the goodput rule; fixed: the launch's depth every step "
         "unless pinned live)",
     )  # fmt: skip
+    nanospec.add_argument(
+        "--nanospec-adaptive-calibration", type=Path, default=None, metavar="PATH",
+        help="with adaptive speculation: start the goodput policy's cost model from this "
+        "file (an earlier server's /stats/vocab .adaptive.calibration on this host and "
+        "configuration, or benchmarks/adaptive_probe.py --write-calibration) instead of "
+        "timing the depths on its first requests; refused if recorded elsewhere",
+    )  # fmt: skip
 
 
 def _add_token_map_command(commands: argparse._SubParsersAction) -> None:
@@ -155,6 +163,9 @@ def _config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             adaptive_skip_extend=not args.nanospec_adaptive_keep_extend,
             adaptive_plain=not args.nanospec_adaptive_verify_depth_0,
             adaptive_policy=args.nanospec_adaptive_policy or DEFAULT_POLICY,
+            adaptive_calibration=str(args.nanospec_adaptive_calibration.resolve())
+            if args.nanospec_adaptive_calibration
+            else None,
         )
     except ValidationError as error:
         problems = "; ".join(
@@ -215,6 +226,18 @@ def _check_extend_flags(args: argparse.Namespace, parser: argparse.ArgumentParse
         parser.error("--nanospec-adaptive-verify-depth-0: needs --nanospec-adaptive")
     if args.nanospec_adaptive_policy is not None and not args.nanospec_adaptive:
         parser.error("--nanospec-adaptive-policy: needs --nanospec-adaptive")
+    if args.nanospec_adaptive_calibration is not None:
+        if not args.nanospec_adaptive:
+            parser.error("--nanospec-adaptive-calibration: needs adaptive speculation")
+        if args.nanospec_adaptive_policy not in (None, DEFAULT_POLICY):
+            parser.error(
+                "--nanospec-adaptive-calibration: the "
+                f"{args.nanospec_adaptive_policy} policy has no cost model to calibrate"
+            )
+        try:
+            read_calibration(args.nanospec_adaptive_calibration)
+        except ValueError as error:
+            parser.error(f"--nanospec-adaptive-calibration: {error}")
 
 
 def _admin_key_from_env(parser: argparse.ArgumentParser) -> str | None:

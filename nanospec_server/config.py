@@ -98,6 +98,12 @@ class NanoSpecConfig(BaseModel):
         True, description="at depth 0, SGLang's plain decode step (start-time)"
     )
 
+    # A cost-model calibration file the goodput policy starts from (adaptive/calibration.py),
+    # written from an earlier server's /stats/vocab on this host: no exploring at start.
+    adaptive_calibration: str | None = Field(
+        None, description="the goodput policy's starting step timings, a file (start-time)"
+    )
+
     @field_validator("adaptive_policy")
     @classmethod
     def _known_policy(cls, name: str) -> str:

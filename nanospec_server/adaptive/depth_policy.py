@@ -77,6 +77,14 @@ class DepthPolicy(Protocol):
         """A draft extend over ``positions`` positions (a prefill's) took ``seconds``:
         what a catch-up over as many costs."""
 
+    def calibrate(self, timings: dict[str, list[dict[str, Any]]]) -> None:
+        """Start from the step timings of a calibration (`adaptive/calibration.py`'s
+        ``CostTimings``, as a dict) recorded on this host and configuration."""
+
+    def cost_timings(self) -> dict[str, list[dict[str, Any]]] | None:
+        """What a calibration of this host would keep (as ``CostTimings``), None while
+        the policy has nothing worth keeping (no cost model, or not ready)."""
+
     def published(self) -> dict[str, Any]:
         """The policy's own fields of ``/stats/vocab.adaptive``."""
 

@@ -55,6 +55,12 @@ class FixedDepthPolicy:
     def price_catch_up(self, debt: Callable[[int], CatchUpDebt]) -> None:
         pass  # the depth does not depend on cost
 
+    def calibrate(self, timings: dict[str, list[dict[str, Any]]]) -> None:
+        pass  # the depth does not depend on cost
+
+    def cost_timings(self) -> dict[str, list[dict[str, Any]]] | None:
+        return None  # no cost model
+
     def published(self) -> dict[str, Any]:
         return {
             "pinned_depth": self.pinned,

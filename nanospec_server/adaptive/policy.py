@@ -231,6 +231,41 @@ class StepCostModel:
             return max(float(plain_features(batch_size) @ plain), 1e-6)
         return max(float(step_features(batch_size, depth) @ self.coefficients()), 1e-6)
 
+    def timings(self) -> dict[str, list[dict[str, Any]]]:
+        """What a calibration keeps (`adaptive/calibration.py`'s ``CostTimings``): each
+        cell timed ``min_samples`` times, at its median, and the catch-ups and draft
+        extends that price a caught-up position."""
+        cells = [
+            {"batch_size": b, "depth": k, "path": cell, "seconds": self._median((b, k, cell))}
+            for (b, k, cell), timings in sorted(self._timings.items())
+            if len(timings) >= self.min_samples
+        ]
+        catch_ups = [{"batch_size": b, "seconds": t, "positions": n} for b, t, n in self.catch_ups]
+        extends = [{"seconds": t, "positions": n} for t, n in self.draft_extends]
+        return {"cells": cells, "catch_ups": catch_ups, "draft_extends": extends}
+
+    def calibrate(self, timings: dict[str, list[dict[str, Any]]]) -> None:
+        """Start from a calibration's ``timings``: each cell's median as ``min_samples``
+        timings (the live ones outvote it from the ``min_samples + 1``-th on, and push it
+        out of the window), and its catch-ups and draft extends. The first live step at
+        each depth and path is still a warm-up: its one-time costs are this process's."""
+        for cell in timings["cells"]:
+            key = (cell["batch_size"], cell["depth"], cell["path"])
+            deque_ = self._timings.setdefault(key, deque(maxlen=self.window))
+            deque_.extend([cell["seconds"]] * self.min_samples)
+            sizes = self._timed_sizes.setdefault(key[1:], [])
+            if key[0] not in sizes:
+                insort(sizes, key[0])
+        for catch_up in timings["catch_ups"]:
+            self.catch_ups.append(
+                (catch_up["batch_size"], catch_up["seconds"], catch_up["positions"])
+            )
+        for extend in timings["draft_extends"]:
+            self.draft_extends.append((extend["seconds"], extend["positions"]))
+        self._medians.clear()
+        self._counts = None
+        self._coef = self._plain_coef = None
+
     def catch_up_ms(self) -> float | None:
         """The median catch-up step, in milliseconds (None: none timed)."""
         times = [
@@ -757,6 +792,12 @@ class GoodputPolicy:
 
     def observe_draft_extend(self, positions: int, seconds: float) -> None:
         self.cost.observe_draft_extend(positions, seconds)
+
+    def calibrate(self, timings: dict[str, list[dict[str, Any]]]) -> None:
+        self.cost.calibrate(timings)
+
+    def cost_timings(self) -> dict[str, list[dict[str, Any]]] | None:
+        return self.cost.timings() if self.cost.ready else None
 
     def published(self) -> dict[str, Any]:
         ready = self.cost.ready

@@ -268,3 +268,30 @@ def test_fixed_policy_drafts_the_launch_depth_and_is_lossless(serve, plain_outpu
     assert fixed["extends_skipped"] == 0 and fixed["prefill_topks_skipped"] == 0
     assert fixed["prefills_deferred"] == 0  # every step drafts: nothing to wait for
     assert pinned["pinned_depth"] == 1 and "1" in pinned["steps_by_depth"], pinned
+
+
+def test_a_server_started_from_a_calibration_prices_steps_at_once(
+    serve, plain_outputs, tmp_path
+) -> None:
+    """The calibration one server publishes, written to a file, starts the next one's cost
+    model: ready before its first request, it decides on goodput from its first steps
+    (no exploring) and stays lossless."""
+    flags = KINDS["eagle-chain"] + ["--nanospec-adaptive"]
+    with serve("agree-target", flags) as url:
+        assert adaptive_stats(url)["calibration"] is None  # nothing timed yet
+        for prompt, max_new in zip(PROMPTS, MAX_NEW, strict=True):  # batches of 1
+            generate(url, prompt, max_new)
+            if adaptive_stats(url)["cost_model_ready"]:
+                break
+        measured = adaptive_stats(url)
+    assert measured["cost_model_ready"], measured
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(measured["calibration"]))
+    with serve("agree-target", flags + ["--nanospec-adaptive-calibration", str(path)]) as url:
+        fresh = adaptive_stats(url)
+        assert generate_staggered(url) == plain_outputs
+        after = adaptive_stats(url)
+    assert fresh["cost_model_ready"] and fresh["calibrated_from"] == str(path), fresh
+    assert fresh["calibration"] == measured["calibration"]  # the file's, untouched yet
+    reasons = {step["reason"] for step in after["recent_steps"]}
+    assert not reasons & {"explore", "explore-later"}, after["recent_steps"]

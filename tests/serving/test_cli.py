@@ -24,6 +24,9 @@ BAD_FLAGS = [
     (["--nanospec-adaptive", "--nanospec-adaptive-policy", "bogus"], "--nanospec-adaptive-policy"),
     (["--no-nanospec-adaptive", "--nanospec-adaptive-policy", "fixed"],
      "--nanospec-adaptive-policy"),
+    (["--nanospec-adaptive-calibration", "/nonexistent.json"], "--nanospec-adaptive-calibration"),
+    (["--no-nanospec-adaptive", "--nanospec-adaptive-calibration", "c.json"],
+     "--nanospec-adaptive-calibration"),
 ]  # fmt: skip
 
 

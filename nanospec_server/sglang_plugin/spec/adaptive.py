@@ -51,6 +51,7 @@ from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from nanospec_server import seams
+from nanospec_server.adaptive.calibration import ServerIdentity
 from nanospec_server.adaptive.depth_policy import (
     NO_DEBT,
     PLAIN,
@@ -65,7 +66,7 @@ from nanospec_server.adaptive.policy import Decision
 from nanospec_server.adaptive.registry import build_policy
 from nanospec_server.adaptive.reply_lengths import ReplyLengths
 from nanospec_server.config import NanoSpecConfig
-from nanospec_server.sglang_plugin.spec import plain_step
+from nanospec_server.sglang_plugin.spec import calibration, plain_step
 from nanospec_server.sglang_plugin.spec.catch_up import DraftCatchUp
 from nanospec_server.sglang_plugin.spec.step_context import current
 from nanospec_server.sglang_plugin.spec.verify_capture import LAST_VERIFY
@@ -155,6 +156,8 @@ class AdaptiveState:
     prefill_topks_skipped: int = 0  # prefills that went without NanoSpec's top-K_pre
     prefills_deferred: int = 0  # prefills whose top-K_pre wait for the first drafting step
     draft_prefills_skipped: int = 0  # prefills that went without the draft's (caught up later)
+    identity: ServerIdentity | None = None  # what a calibration of this server records
+    calibrated_from: str | None = None  # the calibration file the cost model started from
 
     def record(
         self, batch_size: int, depth: int, seconds: float | None, cycle_from: float | None = None
@@ -252,6 +255,10 @@ class AdaptiveState:
         }
         if self.policy is not None:
             out.update(self.policy.published())
+            out["calibrated_from"] = self.calibrated_from
+            out["calibration"] = (
+                calibration.published(self.policy, self.identity) if self.identity else None
+            )
             decision = self.last_decision
             out["last_goodput"] = (
                 {str(k): v for k, v in decision.goodput.items()} if decision else {}
@@ -287,6 +294,10 @@ def install(worker, config: NanoSpecConfig) -> None:
     policy = build_policy(config.adaptive_policy, candidates)
     state = AdaptiveState(policy.name, candidates, policy, config.adaptive_skip_extend, worker)
     state.plain_steps_enabled = config.adaptive_plain and plain_step.serves(worker)
+    state.identity = calibration.server_identity(worker, candidates)
+    if config.adaptive_calibration:
+        calibration.start_from(policy, config.adaptive_calibration, state.identity)
+        state.calibrated_from = config.adaptive_calibration
     if state.skip_extend and state.plain_steps_enabled:  # the catch-up serves plain steps
         allocator = worker.token_to_kv_pool_allocator
         num_slots = int(allocator.size) + 2 * int(allocator.page_size)
