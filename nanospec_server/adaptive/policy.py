@@ -115,19 +115,23 @@ class StepCostModel:
         if (depth, cell) not in self.warmed:
             self.warmed.add((depth, cell))
             return
-        key = (batch_size, depth, cell)
-        timings = self._timings.setdefault(key, deque(maxlen=self.window))
-        timings.append(seconds)
-        if len(timings) == self.min_samples:
-            insort(self._timed_sizes.setdefault((depth, cell), []), batch_size)
-        self._medians.pop(key, None)
-        self._counts = None
+        self._add_timing((batch_size, depth, cell), seconds)
         if cell == CATCH_UP_CELL and caught_up > 0:
             self.catch_ups.append((batch_size, seconds, caught_up))
         self._since_fit += 1
         if self._since_fit >= self.refit_every:  # both fits, lazily, at their next use
             self._coef = self._plain_coef = None
             self._since_fit = 0
+
+    def _add_timing(self, key: tuple[int, int, str], seconds: float) -> None:
+        """One timing of the cell ``key`` (batch size, depth, path); its batch size counts
+        as timed there once it holds ``min_samples``."""
+        timings = self._timings.setdefault(key, deque(maxlen=self.window))
+        timings.append(seconds)
+        if len(timings) == self.min_samples:
+            insort(self._timed_sizes.setdefault(key[1:], []), key[0])
+        self._medians.pop(key, None)
+        self._counts = None
 
     @property
     def samples(self) -> list[tuple[int, int, float, str]]:
@@ -237,8 +241,8 @@ class StepCostModel:
         extends that price a caught-up position."""
         cells = [
             {"batch_size": b, "depth": k, "path": cell, "seconds": self._median((b, k, cell))}
-            for (b, k, cell), timings in sorted(self._timings.items())
-            if len(timings) >= self.min_samples
+            for b, k, cell in sorted(self._timings)
+            if self._timed(b, k, cell)
         ]
         catch_ups = [{"batch_size": b, "seconds": t, "positions": n} for b, t, n in self.catch_ups]
         extends = [{"seconds": t, "positions": n} for t, n in self.draft_extends]
@@ -250,20 +254,14 @@ class StepCostModel:
         out of the window), and its catch-ups and draft extends. The first live step at
         each depth and path is still a warm-up: its one-time costs are this process's."""
         for cell in timings["cells"]:
-            key = (cell["batch_size"], cell["depth"], cell["path"])
-            deque_ = self._timings.setdefault(key, deque(maxlen=self.window))
-            deque_.extend([cell["seconds"]] * self.min_samples)
-            sizes = self._timed_sizes.setdefault(key[1:], [])
-            if key[0] not in sizes:
-                insort(sizes, key[0])
+            for _ in range(self.min_samples):
+                self._add_timing((cell["batch_size"], cell["depth"], cell["path"]), cell["seconds"])
         for catch_up in timings["catch_ups"]:
             self.catch_ups.append(
                 (catch_up["batch_size"], catch_up["seconds"], catch_up["positions"])
             )
         for extend in timings["draft_extends"]:
             self.draft_extends.append((extend["seconds"], extend["positions"]))
-        self._medians.clear()
-        self._counts = None
         self._coef = self._plain_coef = None
 
     def catch_up_ms(self) -> float | None:
