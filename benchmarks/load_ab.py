@@ -11,8 +11,10 @@ Presets:
   schedule (on a CPU torch's streams and events do nothing: does the loop matter?).
 - ``bf16-linear``: in bf16, SGLang's own linear layers (``NANOSPEC_CPU_LINEAR=0``)
   against our packed row-invariant ones, for plain decoding and the default pair.
-- ``memory``: plain decoding with torch's CPU allocator asking for transparent huge pages
-  (``THP_MEM_ALLOC_ENABLE=1``), and with glibc's malloc keeping what it frees as well.
+- ``memory``: plain decoding as the CPU path starts it (the scheduler's malloc keeping
+  what it frees, `sglang_plugin/cpu/heap.py`), with glibc's own malloc thresholds
+  (``NANOSPEC_CPU_KEEP_FREED=0``), and with torch's CPU allocator asking for transparent
+  huge pages (``THP_MEM_ALLOC_ENABLE=1``).
 - ``serve``: plain decoding of the default target beside `nanospec serve`'s default pair
   as it starts with no flags (adaptive speculation on, on a CPU).
 
@@ -41,7 +43,7 @@ from pathlib import Path
 
 import requests
 
-from nanospec_server.env import CPU_LINEAR
+from nanospec_server.env import CPU_KEEP_FREED, CPU_LINEAR
 from nanospec_server.launch.server import running_server
 from nanospec_server.models.defaults import DEFAULT_CPU_PRIOR_K, default_serve_argv
 
@@ -50,11 +52,6 @@ from nanospec_server.models.defaults import DEFAULT_CPU_PRIOR_K, default_serve_a
 class Config:
     flags: list[str]
     env: dict[str, str] = field(default_factory=dict)
-
-
-# glibc's malloc keeping freed memory (no trim, no mmap below 32 MiB): a step's large
-# temporaries are reused instead of mapped, faulted in and unmapped again.
-MALLOC = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
 
 
 def presets() -> dict[str, dict[str, Config]]:
@@ -74,8 +71,8 @@ def presets() -> dict[str, dict[str, Config]]:
         },
         "memory": {
             "plain": Config(plain),
+            "glibc-malloc": Config(plain, {CPU_KEEP_FREED: "0"}),
             "thp": Config(plain, {"THP_MEM_ALLOC_ENABLE": "1"}),
-            "thp-malloc": Config(plain, {"THP_MEM_ALLOC_ENABLE": "1", "GLIBC_TUNABLES": MALLOC}),
         },
         "serve": {
             "plain": Config(plain),

@@ -13,6 +13,7 @@ ADMIN_KEY = "NANOSPEC_ADMIN_KEY"
 ADMIN_KEY_FILE = "NANOSPEC_ADMIN_KEY_FILE"
 CACHE = "NANOSPEC_CACHE"
 CONFIG = "NANOSPEC_CONFIG"
+CPU_KEEP_FREED = "NANOSPEC_CPU_KEEP_FREED"
 CPU_LINEAR = "NANOSPEC_CPU_LINEAR"
 CPU_SHIM = "NANOSPEC_CPU_SHIM"
 CPU_THREADS = "NANOSPEC_CPU_THREADS"
@@ -49,6 +50,12 @@ def config_json() -> str | None:
     """NANOSPEC_CONFIG: the NanoSpecConfig as JSON, set by `nanospec serve` for SGLang's
     processes. Unset: the default config."""
     return os.environ.get(CONFIG)
+
+
+def cpu_keep_freed() -> bool:
+    """NANOSPEC_CPU_KEEP_FREED: ``0`` leaves the scheduler's malloc at glibc's own thresholds
+    (`sglang_plugin/cpu/heap.py`). Default on."""
+    return os.environ.get(CPU_KEEP_FREED, "1") != "0"
 
 
 def cpu_linear() -> bool:

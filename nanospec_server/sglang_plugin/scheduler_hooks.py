@@ -11,17 +11,22 @@ logger = logging.getLogger(__name__)
 
 
 def install_scheduler_hooks(scheduler, server_args, *args, **kwargs) -> None:
-    """BEFORE hook on `Scheduler.__init__`: CPU threads, then our classes for this process."""
+    """BEFORE hook on `Scheduler.__init__`: CPU threads and malloc thresholds, then our classes
+    for this process."""
     if getattr(install_scheduler_hooks, "done", False):
         return
     install_scheduler_hooks.done = True
     if server_args.device == "cpu":
         import torch
 
+        from nanospec_server.env import cpu_keep_freed
         from nanospec_server.host import scheduler_cpu_threads
+        from nanospec_server.sglang_plugin.cpu.heap import keep_freed_memory
 
         ranks = server_args.tp_size * server_args.dp_size * server_args.pp_size
         torch.set_num_threads(scheduler_cpu_threads(ranks))
+        if cpu_keep_freed():
+            keep_freed_memory()
         from nanospec_server.sglang_plugin.cpu.linear import install_cpu_linear_hooks
         from nanospec_server.sglang_plugin.cpu.parallel import install_cpu_parallel_hooks
 

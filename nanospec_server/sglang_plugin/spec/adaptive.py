@@ -632,3 +632,12 @@ def apply_live(config: NanoSpecConfig) -> None:
 def published() -> dict | None:
     state = current().adaptive
     return state.published() if state is not None else None
+
+
+def live_change_state() -> dict | None:
+    """The two fields of `published` a live change is checked against (`adaptive/live.py`),
+    without building the rest (the calibration is a pass over every timed cell)."""
+    state = current().adaptive
+    if state is None:
+        return None
+    return {"policy": state.policy_name, "candidate_depths": state.candidates}

@@ -39,7 +39,7 @@ def _validate(key: str, value: Any) -> None:
         raise UpdateRejected(f"{key}: change NanoSpec settings through POST /nanospec/settings")
     from nanospec_server.sglang_plugin.spec import adaptive
 
-    if problem := live_change_problem(value["changes"], adaptive.published()):
+    if problem := live_change_problem(value["changes"], adaptive.live_change_state()):
         raise UpdateRejected(problem)
     try:
         rt.config.model_validate(rt.config.model_dump() | value["changes"])
