@@ -101,6 +101,21 @@ def topk_indices(logits: Tensor, k: int) -> Tensor:
     return logits.topk(k, dim=-1).indices
 
 
+def topk_and_empty_rows(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """`topk_indices`, and per row whether it holds no token to pick: every entry -inf, or
+    a NaN (a greedy row's `unsamplable_rows`). On a CPU both come from the one C++ pass
+    (the top-1's value and the pass's NaN flags), elsewhere from a second reduction."""
+    k = min(k, logits.shape[-1])
+    fast = logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16)
+    if fast and logits.dim() == 2 and k > 0 and (cpu := cpu_ops()) is not None:
+        nan_rows = torch.empty(logits.shape[0], dtype=torch.bool)
+        top = cpu.topk_rows(logits, k, nan_rows)
+        best = logits.gather(1, top[:, :1]).squeeze(1)
+        return top, nan_rows | ~(best > float("-inf"))
+    # NaN > -inf is False, so NaN rows count too.
+    return logits.topk(k, dim=-1).indices, ~(logits.amax(dim=-1) > float("-inf"))
+
+
 def cpu_vocab_kernels(window, head):
     """Fused C++ append/refresh for a CPU (window, head) pair, or None where they do not
     apply (CUDA tensors, mixed dtypes, no compiler, or another backend forced)."""
@@ -118,5 +133,6 @@ __all__ = [
     "window_refresh",
     "union_apply",
     "topk_indices",
+    "topk_and_empty_rows",
     "cpu_vocab_kernels",
 ]

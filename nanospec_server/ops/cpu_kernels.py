@@ -99,18 +99,23 @@ class CpuVocabKernels:
         )  # fmt: skip
 
 
-def topk_rows(logits: Tensor, k: int) -> Tensor:
+def topk_rows(logits: Tensor, k: int, nan_rows: Tensor | None = None) -> Tensor:
     """Indices [rows, k] (int64) of each row's k largest entries of a CPU float32 or
     bfloat16 matrix: descending value, the lowest index first among equal values, NaN
     never among them (a row with fewer than k entries above -inf gets the lowest indices
-    not taken). Rows are split among torch's intra-op threads."""
+    not taken). ``nan_rows`` (bool [rows], when given) is set to which rows hold a NaN, in
+    the same pass. Rows are split among torch's intra-op threads."""
     rows, cols = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     out = torch.empty((rows, k), dtype=torch.int64)
+    if nan_rows is not None:
+        assert nan_rows.shape == (rows,) and nan_rows.dtype == torch.bool
+        nan_rows.zero_()
     library().nanospec_topk_rows(
         _ptr_any(logits), _int(rows), _int(cols), _int(logits.stride(0)), _int(k),
-        ctypes.c_bool(logits.dtype == torch.bfloat16), _ptr(out), _int(torch.get_num_threads()),
+        ctypes.c_bool(logits.dtype == torch.bfloat16), _ptr(out),
+        None if nan_rows is None else _ptr(nan_rows), _int(torch.get_num_threads()),
     )  # fmt: skip
     return out
 

@@ -80,3 +80,20 @@ def test_the_first_column_is_torchs_argmax_on_rows_with_a_maximum(case, with_pos
     usable = ~torch.isnan(logits).any(dim=1) & (logits.float().amax(dim=1) > float("-inf"))
     first = ops.topk_indices(logits, k)[:, 0]
     assert torch.equal(first[usable], torch.argmax(logits, dim=-1)[usable])
+
+
+@settings(max_examples=200, deadline=None)
+@given(matrices(), st.booleans())
+def test_the_rows_with_nothing_to_pick_are_unsamplable_rows_from_the_same_pass(case, on_cpu):
+    """`topk_and_empty_rows` (a plain step's greedy rows): the top-k of `topk_indices`, and
+    the rows `unsamplable_rows` finds without temperatures (a NaN, or all -inf), whether
+    from the C++ pass's flags or torch's fallback."""
+    from nanospec_server.sglang_plugin.requests.unsamplable_rows import unsamplable_rows
+
+    logits, k = case
+    if not on_cpu:  # the fallback other devices take: torch.topk and a second reduction
+        logits = logits.to(torch.float16)
+    top, empty = ops.topk_and_empty_rows(logits, k)
+    assert torch.equal(empty, unsamplable_rows(logits, None))
+    if on_cpu:
+        assert torch.equal(top, ops.topk_indices(logits, k))
