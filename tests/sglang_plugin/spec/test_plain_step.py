@@ -13,7 +13,8 @@ def test_greedy_tokens_from_the_top_k_are_the_argmax():
     logits[1, [7, 900]] = 50.0  # a tie: the lowest index, as torch.argmax
     logits[2, 3000] = float("inf")
     logits[3, :100] = float("-inf")
-    tokens = argmax_from_top(logits, ops.topk_indices(logits, 3))
+    top, tokens = argmax_from_top(logits, 3)
+    assert torch.equal(top, ops.topk_indices(logits, 3))  # the window's candidates
     assert torch.equal(tokens, torch.argmax(logits, dim=-1))
     assert tokens[1] == 7
 
@@ -25,4 +26,5 @@ def test_a_row_with_nothing_to_pick_leaves_the_step_to_the_sampler():
             logits[1, 17] = broken
         else:
             logits[1] = broken
-        assert argmax_from_top(logits, ops.topk_indices(logits, 3)) is None
+        top, tokens = argmax_from_top(logits, 3)
+        assert tokens is None and top.shape == (3, 3)
