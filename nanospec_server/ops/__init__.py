@@ -90,13 +90,19 @@ def union_apply(
     return True
 
 
+def _row_topk_kernels(logits: Tensor, k: int):
+    """The C++ row top-k where it serves these logits (2-D, float32 or bfloat16, on a CPU,
+    k > 0, a compiler at hand), else None."""
+    fast = logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16)
+    return cpu_ops() if fast and logits.dim() == 2 and k > 0 else None
+
+
 def topk_indices(logits: Tensor, k: int) -> Tensor:
     """Indices [rows, k] of each row's k largest logits, descending. On a CPU (float32 or
     bfloat16) one C++ pass per row, the lowest index first among equal values; elsewhere
     ``torch.topk`` (order among equal values unspecified)."""
     k = min(k, logits.shape[-1])
-    fast = logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16)
-    if fast and logits.dim() == 2 and k > 0 and (cpu := cpu_ops()) is not None:
+    if (cpu := _row_topk_kernels(logits, k)) is not None:
         return cpu.topk_rows(logits, k)
     return logits.topk(k, dim=-1).indices
 
@@ -106,14 +112,13 @@ def topk_and_empty_rows(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     a NaN (a greedy row's `unsamplable_rows`). On a CPU both come from the one C++ pass
     (the top-1's value and the pass's NaN flags), elsewhere from a second reduction."""
     k = min(k, logits.shape[-1])
-    fast = logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16)
-    if fast and logits.dim() == 2 and k > 0 and (cpu := cpu_ops()) is not None:
+    if (cpu := _row_topk_kernels(logits, k)) is not None:
         nan_rows = torch.empty(logits.shape[0], dtype=torch.bool)
         top = cpu.topk_rows(logits, k, nan_rows)
         best = logits.gather(1, top[:, :1]).squeeze(1)
         return top, nan_rows | ~(best > float("-inf"))
     # NaN > -inf is False, so NaN rows count too.
-    return logits.topk(k, dim=-1).indices, ~(logits.amax(dim=-1) > float("-inf"))
+    return topk_indices(logits, k), ~(logits.amax(dim=-1) > float("-inf"))
 
 
 def cpu_vocab_kernels(window, head):
