@@ -194,43 +194,63 @@ def test_catch_up_drafts_what_an_extend_on_every_step_drafts(recorded, kind: str
     assert len(shared & after_run) >= 5, (len(shared), len(after_run))
     assert stats["catch_up_tokens"] > 0 and stats["catch_up_positions_left_stale"] == 0, stats
     assert ref_stats["catch_up_tokens"] == 0, ref_stats
-    if kind.startswith("standalone"):  # the prompts arrived at depth 0: prefilled lazily too
-        assert stats["draft_prefills_skipped"] > 0, stats
+    assert stats["draft_prefills_skipped"] > 0, stats  # the prompts arrived at depth 0
     caught = sum(entry.get("catch_up_tokens", 0) for entry in per_request)
     assert caught == stats["catch_up_tokens"], (caught, stats["catch_up_tokens"])
 
 
-def test_a_radix_prefix_decoded_at_depth_0_is_caught_up_not_drafted_over(recorded) -> None:
-    """Draft validity is per KV slot: a prefix from the radix cache that holds positions
-    decoded at depth 0 (and a prompt prefilled without the draft) is run through the draft
-    with the prefill that reuses it, so the request drafts from its first step as over an
-    exact cache."""
-    outputs, stats, _, trees, _ = recorded("standalone-chain", [], run_radix_requests)
-    ref_outputs, _, _, ref_trees, _ = recorded(
-        "standalone-chain", ["--nanospec-adaptive-keep-extend"], run_radix_requests
+def run_prefix_requests(url: str, rid_prefix: str) -> dict:
+    """`run_radix_requests`, then `run_shared_prefix_requests`, each with the catch-up's
+    counters over it."""
+    before = adaptive_stats(url)
+    radix = run_radix_requests(url, f"{rid_prefix}x")
+    between = adaptive_stats(url)
+    shared = run_shared_prefix_requests(url, f"{rid_prefix}y")
+    after = adaptive_stats(url)
+    return {
+        "radix": radix,
+        "shared": shared,
+        "radix_stats": since(before, between),
+        "shared_stats": since(between, after),
+    }
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_prefixes_from_the_radix_cache_are_caught_up_as_their_writers_wrote_them(
+    recorded, kind: str
+) -> None:
+    """Draft validity is per KV slot, and so are the draft's inputs kept there (the
+    writer's next token; the target's hidden state for an EAGLE draft).
+
+    A prefix from the radix cache that holds positions decoded at depth 0 (and a prompt
+    prefilled without the draft) is run through the draft with the prefill that reuses it,
+    so the request drafts from its first step as over an exact cache (``rx-b``). Two
+    requests that share a radix prefix and both missed the draft's prefill catch up in one
+    extend: each shared slot is written once, from the sequence of the request that wrote
+    it, so both draft as over the reference's cache (``ry-a``, ``ry-b``)."""
+    runs, _, _, trees, _ = recorded(kind, [], run_prefix_requests)
+    ref_runs, _, _, ref_trees, _ = recorded(
+        kind, ["--nanospec-adaptive-keep-extend"], run_prefix_requests
     )
-    assert outputs[:2] == ref_outputs[:2]
-    assert outputs[2] > len(PROMPTS[1])  # the second request reused the first's answer
-    second = {key: tree for key, tree in trees.items() if key[0] == "r-b"}
+    radix, ref_radix = runs["radix"], ref_runs["radix"]
+    assert radix[:2] == ref_radix[:2]
+    assert radix[2] > len(PROMPTS[1])  # the second request reused the first's answer
+    second = {key: tree for key, tree in trees.items() if key[0] == "rx-b"}
     assert len(second) >= 10, trees
     assert all(ref_trees.get(key) == tree for key, tree in second.items())
-    assert stats["catch_up_tokens"] >= outputs[2] - 1, stats  # the prefix, prompt included
+    stats = runs["radix_stats"]
+    assert stats["catch_up_tokens"] >= radix[2] - 1, stats  # the prefix, prompt included
+    assert stats["catch_up_positions_left_stale"] == 0, stats
 
-
-def test_a_prefix_shared_by_requests_caught_up_together_is_written_as_its_writer_did(
-    recorded,
-) -> None:
-    """Two requests that share a radix prefix and both missed the draft's prefill catch up
-    in one extend: each shared slot is written once, from the sequence of the request that
-    wrote it, so both draft as over the reference's cache."""
-    outputs, stats, _, trees, _ = recorded("standalone-chain", [], run_shared_prefix_requests)
-    ref_outputs, _, _, ref_trees, _ = recorded(
-        "standalone-chain", ["--nanospec-adaptive-keep-extend"], run_shared_prefix_requests
-    )
-    assert outputs == ref_outputs
-    assert outputs[2] >= 12  # the second request's prompt came partly from the radix cache
+    shared = runs["shared"]
+    assert shared == ref_runs["shared"]
+    # the second request's prompt came partly from the radix cache (its 12 shared tokens;
+    # an EAGLE server's cache keys token pairs, one fewer)
+    assert shared[2] >= 11
+    stats = runs["shared_stats"]
     assert stats["draft_prefills_skipped"] == 2, stats
-    shared = set(trees) & set(ref_trees)
-    assert {rid for rid, _ in shared} == {"r-a", "r-b"}, shared
-    differing = sorted(key for key in shared if trees[key] != ref_trees[key])
+    assert stats["catch_up_positions_left_stale"] == 0, stats
+    both = {key for key in set(trees) & set(ref_trees) if key[0] in ("ry-a", "ry-b")}
+    assert {rid for rid, _ in both} == {"ry-a", "ry-b"}, both
+    differing = sorted(key for key in both if trees[key] != ref_trees[key])
     assert not differing, [(key, trees[key], ref_trees[key]) for key in differing[:5]]

@@ -20,7 +20,7 @@ it. So a step that drafts always starts from a fresh extend (the draft's top-k, 
 state and the KV of the last token), while a run of depth-0 steps costs a plain decode
 each; the draft's KV cache lacks the tokens of the run but the last (lossless: the target
 verifies every draft; fewer drafts accepted while those positions stay in context).
-A server that catches up defers each prefill's top-K_pre, and a STANDALONE draft's prefill,
+A server that catches up defers each prefill's top-K_pre and the draft's prefill
 to the request's first drafting step (`prefill_deferred`); one that does not skips the
 top-K_pre of a prefill whose requests join a batch the policy would run at depth 0
 (`prefill_topk_skipped`). `--nanospec-adaptive-keep-extend` keeps
@@ -47,7 +47,10 @@ from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cu
 from sglang.srt.runtime_context import attn_dp_enabled_of, get_exec
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 from sglang.srt.speculative.eagle_info import EagleDraftInput
-from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
+from sglang.srt.speculative.eagle_utils import (
+    _eagle_prefill_tail_tokens,
+    get_draft_recurrent_hidden_state_spec,
+)
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from nanospec_server import seams
@@ -154,7 +157,7 @@ class AdaptiveState:
     depth_0_verifies: int = 0  # depth-0 steps that ran SGLang's verify (TARGET_VERIFY)
     verify_reasons: Counter = field(default_factory=Counter)  # depth-0 steps kept on verify
     prefill_topks_skipped: int = 0  # prefills that went without NanoSpec's top-K_pre
-    prefills_deferred: int = 0  # prefills whose top-K_pre wait for the first drafting step
+    prefills_deferred: int = 0  # prefills whose speculative work waits for a drafting step
     draft_prefills_skipped: int = 0  # prefills that went without the draft's (caught up later)
     identity: ServerIdentity | None = None  # what a calibration of this server records
     calibrated_from: str | None = None  # the calibration file the cost model started from
@@ -493,8 +496,9 @@ def extend_skipped(batch, batch_output) -> bool:
 
 
 def prefill_deferred(batch) -> bool:
-    """Whether this prefill defers NanoSpec's top-K_pre (and a STANDALONE draft's prefill,
-    ``skipped_draft_prefill``) to its requests' first drafting step, on a server that
+    """Whether this prefill defers NanoSpec's top-K_pre (where the draft kind does not take
+    its own in the target's forward) and the draft's prefill (``skipped_draft_prefill``) to
+    its requests' first drafting step, on a server that
     catches up, unless every step drafts. Under load most requests never draft, and a
     burst of arrivals is prefilled a chunk at a time: its first requests, prefilled into a
     small batch, would pay a full-vocabulary LM head and a draft forward over their prompts
@@ -532,29 +536,40 @@ def prefill_topk_skipped(batch) -> bool:
     return True
 
 
-def skipped_draft_prefill(draft, batch, next_token_ids):
-    """A deferred prefill skips a STANDALONE draft's prefill (a whole model's forward over
-    every prompt token): the draft catches up from the prompt's tokens later. Its slots are
+def skipped_draft_prefill(draft, batch, next_token_ids, target_hidden):
+    """A deferred prefill skips the draft's prefill (a STANDALONE draft's whole forward over
+    every prompt token; an EAGLE head's layer and, where SGLang's FR-Spec map is off, its
+    LM head): the draft catches up on the prompt later, from its tokens and, for EAGLE
+    kinds, the target's hidden states ``target_hidden`` kept at its slots. Its slots are
     noted as missed and the next decode step runs at depth 0, catching up before any step
     drafts. Returns the draft input it leaves (zeros: never drafted from), or None to run
-    the prefill. An EAGLE draft's prefill (one layer)
-    runs: catching up on it would need the target's hidden states of the whole prompt."""
+    the prefill."""
     state = current().adaptive
     catch_up = state.catch_up if state is not None else None
-    if catch_up is None or catch_up.keeps_hidden or not state.plain_steps_enabled:
+    if catch_up is None or not state.plain_steps_enabled:
         return None
-    catch_up.missed_prefill(batch, _eagle_prefill_tail_tokens(batch, next_token_ids))
+    positions = batch.out_cache_loc.shape[0]
+    if catch_up.keeps_hidden and (target_hidden is None or target_hidden.shape[0] != positions):
+        return None  # no hidden state at every position to catch up from
+    tails = _eagle_prefill_tail_tokens(batch, next_token_ids)
+    catch_up.missed_prefill(batch, tails, target_hidden)
     state.pending = Decision(0, "catch-up", {})
     state.draft_prefills_skipped += 1
     size, topk = len(batch.reqs), draft.topk
     device = next_token_ids.device
-    return EagleDraftInput(
+    stub = EagleDraftInput(
         topk_p=torch.zeros((size, topk), dtype=torch.float32, device=device),
         topk_index=torch.zeros((size, topk), dtype=torch.int64, device=device),
         bonus_tokens=next_token_ids,
         num_tokens_per_req=1,
         num_tokens_for_logprob_per_req=1,
     )
+    # an EAGLE draft input carries the draft's last hidden state: the running batch's
+    # rows and these are concatenated when the batches merge
+    width, dtype = get_draft_recurrent_hidden_state_spec(draft.draft_runner)
+    if width is not None:
+        stub.hidden_states = torch.zeros((size, width), dtype=dtype, device=device)
+    return stub
 
 
 @contextmanager
@@ -571,13 +586,14 @@ def timed_draft_prefill(batch) -> Iterator[None]:
 
 
 @contextmanager
-def widened_prefill(draft, batch) -> Iterator[bool]:
-    """`DraftCatchUp.widened_prefill` where the server catches up, else nothing (False)."""
+def widened_prefill(draft, batch, hidden) -> Iterator[tuple[bool, object]]:
+    """`DraftCatchUp.widened_prefill` where the server catches up, else nothing (False and
+    the prefill's hidden states)."""
     state = current().adaptive
     if state is None or state.catch_up is None:
-        yield False
+        yield False, hidden
         return
-    with state.catch_up.widened_prefill(state.worker, batch) as widened:
+    with state.catch_up.widened_prefill(state.worker, batch, hidden) as widened:
         yield widened
 
 

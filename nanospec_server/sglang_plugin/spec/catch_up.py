@@ -18,23 +18,27 @@ wrote the slot, not of the one that shares it: each slot the target writes alone
 writer's next token (`rotated`), and the catch-up feeds the draft those. Requests of one
 extend that share slots write them once (the first request that plans over them).
 
-Bounds: at most ``chunk`` positions per request per step (a request with more stays at
-depth 0, one chunk per step, until it is caught up), and at most ``cap`` kept hidden
-states per request (EAGLE: older positions can no longer be caught up and keep the stale
-draft KV: lossless still, the target verifies every draft token, only fewer accepted).
+EAGLE and EAGLE-3 drafts read the target's hidden state at each position: it is kept per KV
+slot too (`hidden`), beside the writer's next token, wherever the target writes a slot
+alone (a depth-0 step, a prefill whose draft prefill was skipped), so a prefix from the
+radix cache is caught up whoever decoded it. A slot without one (none was captured) cannot
+be caught up: the catch-up starts past it and counts the positions it leaves stale
+(lossless still, the target verifies every draft token, only fewer accepted).
+
+Bound: at most ``chunk`` positions per request per step (a request with more stays at
+depth 0, one chunk per step, until it is caught up).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from torch import Tensor
 
-CAP = 1024  # hidden states kept per request (EAGLE kinds)
 CHUNK = 256  # positions a request catches up on per step
 
 # The ScheduleBatch fields a widened prefill changes; put back after it.
@@ -46,14 +50,6 @@ _CHANGED = (
     "orig_seq_lens", "prefix_lens", "extend_lens", "extend_num_tokens",
     "extend_logprob_start_lens", "return_logprob", "spec_info", "chunked_req_next_prompt_token",
 )  # fmt: skip
-
-
-@dataclass
-class KeptHidden:
-    """The target hidden states of one request's positions ``first`` .. ``first + len - 1``."""
-
-    first: int
-    rows: list[Tensor] = field(default_factory=list)
 
 
 @dataclass
@@ -76,19 +72,22 @@ class Plan:
 
 
 class DraftCatchUp:
-    """Per-KV-slot draft validity, kept hidden states, and the catch-up extend."""
+    """Per-KV-slot draft validity, the draft's inputs kept there, and the catch-up extend."""
 
-    def __init__(
-        self, num_slots: int, device, keeps_hidden: bool, cap: int = CAP, chunk: int = CHUNK
-    ) -> None:
+    def __init__(self, num_slots: int, device, keeps_hidden: bool, chunk: int = CHUNK) -> None:
+        self.num_slots = num_slots
         self.valid = torch.zeros(num_slots, dtype=torch.bool, device=device)
         # the draft's input at each slot the target wrote alone: its writer's next token
         self.rotated = torch.zeros(num_slots, dtype=torch.int64, device=device)
         self.keeps_hidden = keeps_hidden
-        self.cap, self.chunk = cap, chunk
-        self.kept: dict[str, KeptHidden] = {}
+        # EAGLE kinds: the target's hidden state at each slot it wrote alone, allocated at
+        # the first one kept (its width and dtype are the target's); a CPU maps a buffer
+        # this large lazily, so it holds memory only for the slots written
+        self.hidden: Tensor | None = None
+        self.has_hidden = torch.zeros(num_slots, dtype=torch.bool, device=device)
+        self.chunk = chunk
         self.tokens_caught_up = 0
-        self.positions_left_stale = 0  # EAGLE: missed positions whose hidden state was gone
+        self.positions_left_stale = 0  # EAGLE: missed positions without a hidden state
         self._stale_counted: dict[str, int] = {}  # per request, counted below this position
 
     # -- validity ------------------------------------------------------------------------
@@ -99,32 +98,36 @@ class DraftCatchUp:
 
     def missed(self, batch, slots: Tensor, next_tokens: Tensor, hidden: Tensor | None) -> None:
         """The target alone wrote these slots (a depth-0 step), one per request of the batch,
-        at its position ``seq_lens``, and decoded ``next_tokens`` after them; ``hidden``: the
-        target's hidden state there."""
+        and decoded ``next_tokens`` after them; ``hidden``: the target's hidden states
+        there."""
         slots = slots.to(torch.int64)
         self.valid[slots] = False
         self.rotated[slots] = next_tokens.to(torch.int64)
-        if not self.keeps_hidden or hidden is None:
-            return
-        positions = batch.seq_lens.tolist()
-        for req, position, row in zip(batch.reqs, positions, hidden, strict=True):
-            kept = self.kept.get(req.rid)
-            if kept is None or kept.first + len(kept.rows) != position:
-                kept = self.kept[req.rid] = KeptHidden(position)  # a new run of misses
-            kept.rows.append(row.clone())
-            if len(kept.rows) > self.cap:
-                kept.rows.pop(0)
-                kept.first += 1
+        self._keep_hidden(slots, hidden)
 
-    def missed_prefill(self, batch, tails: Tensor) -> None:
+    def missed_prefill(self, batch, tails: Tensor, hidden: Tensor | None = None) -> None:
         """The target alone prefilled the batch (its draft prefill skipped): each slot's next
-        token is the prompt's, the last one's its request's ``tails`` entry."""
+        token is the prompt's, the last one's its request's ``tails`` entry; ``hidden``: the
+        target's hidden state at every position (EAGLE kinds)."""
         rotated = torch.roll(batch.input_ids, -1)  # each request's last: its tail, below
         last = torch.tensor(batch.extend_lens, device=rotated.device).cumsum(0) - 1
         rotated[last] = tails.to(rotated.dtype)
         slots = batch.out_cache_loc.to(torch.int64)
         self.valid[slots] = False
         self.rotated[slots] = rotated.to(torch.int64)
+        self._keep_hidden(slots, hidden)
+
+    def _keep_hidden(self, slots: Tensor, hidden: Tensor | None) -> None:
+        if not self.keeps_hidden:
+            return
+        if hidden is None or hidden.shape[0] != slots.shape[0]:
+            self.has_hidden[slots] = False
+            return
+        if self.hidden is None:
+            shape = (self.num_slots, *hidden.shape[1:])
+            self.hidden = torch.empty(shape, dtype=hidden.dtype, device=hidden.device)
+        self.hidden[slots] = hidden
+        self.has_hidden[slots] = True
 
     def _draft_inputs(self, slots: Tensor, own_next: list[int]) -> Tensor:
         """The tokens the draft is fed at these slots (rotated): where the draft's KV is
@@ -134,31 +137,31 @@ class DraftCatchUp:
         return torch.where(self.valid[slots], own, self.rotated[slots])
 
     def forget(self, live_rids: set[str]) -> None:
-        """Drop the hidden states of requests no longer running."""
-        for rid in [rid for rid in self.kept if rid not in live_rids]:
-            del self.kept[rid]
+        """Drop what is kept about requests no longer running."""
         for rid in [rid for rid in self._stale_counted if rid not in live_rids]:
             del self._stale_counted[rid]
 
     # -- prefills ------------------------------------------------------------------------
 
     @contextmanager
-    def widened_prefill(self, worker, batch) -> Iterator[bool]:
+    def widened_prefill(
+        self, worker, batch, hidden: Tensor | None
+    ) -> Iterator[tuple[bool, Tensor | None]]:
         """A prefill whose prefix (the radix cache's) holds positions the draft missed runs
-        its draft extend from the first of them, for drafts that need only tokens
-        (STANDALONE); an EAGLE draft would need the target's hidden states there, gone with
-        the request that decoded them: those positions are counted as left stale."""
+        its draft extend from the first of them: yields whether it widened the batch, and
+        the target hidden states of its positions (``hidden``, the prefill's own, with the
+        kept ones of the prefix's slots before each request's, for EAGLE kinds)."""
         prefix_lens = list(batch.prefix_lens)
-        first = self._first_stale(worker, batch.req_pool_indices, prefix_lens)
+        rids = [req.rid for req in batch.reqs]
+        first = self._catchable(worker, batch.req_pool_indices, prefix_lens, rids)
         if all(start == prefix for start, prefix in zip(first, prefix_lens, strict=True)):
-            yield False
+            yield False, hidden
             return
-        if self.keeps_hidden:
-            self.positions_left_stale += sum(p - s for s, p in zip(first, prefix_lens, strict=True))
-            yield False
+        if self.keeps_hidden and (hidden is None or hidden.shape[0] != batch.extend_num_tokens):
+            yield False, hidden  # the prefill's own hidden states are not all there
             return
         req_to_token = worker.req_to_token_pool.req_to_token
-        tokens, slots, added, offset = [], [], [], 0
+        tokens, slots, states, added, offset = [], [], [], [], 0
         rows = batch.req_pool_indices.tolist()
         for req, row, start, prefix, length in zip(
             batch.reqs, rows, first, prefix_lens, batch.extend_lens, strict=True
@@ -175,6 +178,8 @@ class DraftCatchUp:
                 prefix_slots.to(batch.out_cache_loc.dtype),
                 batch.out_cache_loc[offset : offset + length],
             ]
+            if self.keeps_hidden:
+                states += [self._hidden_at(prefix_slots), hidden[offset : offset + length]]
             added.append(prefix - start)
             offset += length
         saved = {name: getattr(batch, name) for name in _WIDENED}
@@ -185,25 +190,48 @@ class DraftCatchUp:
             batch.extend_lens = [n + a for n, a in zip(saved["extend_lens"], added, strict=True)]
             batch.extend_num_tokens = sum(batch.extend_lens)
             batch.extend_logprob_start_lens = list(batch.extend_lens)
-            yield True
+            yield True, torch.cat(states) if states else hidden
         finally:
             for name, value in saved.items():
                 setattr(batch, name, value)
         self.drafted(torch.cat(slots[0::2]))
         self.tokens_caught_up += sum(added)
 
-    def _first_stale(self, worker, pool_rows: Tensor, ends: list[int]) -> list[int]:
-        """Per request, its first position below ``ends`` whose draft KV is not valid (its
-        ``ends`` entry if none)."""
-        width = max(ends) if ends else 0
+    def _hidden_at(self, slots: Tensor) -> Tensor:
+        """The kept hidden states of these slots: `_catchable` plans none without one (a
+        plain step and a skipped prefill both capture the target's)."""
+        assert self.hidden is not None, "an EAGLE catch-up before any hidden state was kept"
+        return self.hidden[slots]
+
+    def _catchable(self, worker, pool_rows: Tensor, ends: list[int], rids: list[str]) -> list[int]:
+        """Per request, its first position below its ``ends`` entry whose draft KV is not
+        valid and can be caught up (the entry if none). An EAGLE draft cannot be caught up
+        at a slot without a kept hidden state, nor therefore before it (its KV past that
+        position would attend to the stale one): the first is past the last such slot, and
+        the positions not valid below it are counted as left stale, once per request."""
+        width = max(ends, default=0)
         if width == 0:
             return list(ends)
         req_to_token = worker.req_to_token_pool.req_to_token
         rows = pool_rows.to(torch.int64)
+        slots = req_to_token[rows, :width].to(torch.int64)  # no whole rows copied
         limits = torch.tensor(ends, device=rows.device)
         columns = torch.arange(width, device=rows.device)
-        stale = ~self.valid[req_to_token[rows, :width].to(torch.int64)]  # no whole rows copied
-        stale &= columns[None, :] < limits[:, None]
+        stale = ~self.valid[slots] & (columns[None, :] < limits[:, None])
+        if self.keeps_hidden:
+            lost = stale & ~self.has_hidden[slots]
+            if bool(lost.any()):
+                # past the last lost position: columns + 1 where lost, its row's maximum
+                reachable = torch.where(lost, columns + 1, 0).amax(1)
+                counted = torch.tensor([self._stale_counted.get(rid, 0) for rid in rids])
+                counted = counted.to(rows.device)
+                below = (columns[None, :] < reachable[:, None]) & stale
+                newly = below & (columns[None, :] >= counted[:, None])
+                self.positions_left_stale += int(newly.sum())
+                for rid, mark in zip(rids, reachable.tolist(), strict=True):
+                    if mark:
+                        self._stale_counted[rid] = max(self._stale_counted.get(rid, 0), mark)
+                stale &= columns[None, :] >= reachable[:, None]
         return torch.where(stale.any(1), stale.int().argmax(1), limits).tolist()
 
     # -- planning ------------------------------------------------------------------------
@@ -213,17 +241,14 @@ class DraftCatchUp:
         token (position ``seq_lens``), at most ``chunk`` of them; past the slots an earlier
         request of the batch plans over (a prefix they share: written once)."""
         ends = batch.seq_lens.tolist()
-        first = self._first_stale(worker, batch.req_pool_indices, [end + 1 for end in ends])
+        rids = [req.rid for req in batch.reqs]
+        ahead = [end + 1 for end in ends]
+        first = self._catchable(worker, batch.req_pool_indices, ahead, rids)
         req_to_token = worker.req_to_token_pool.req_to_token
         planned: set[int] = set()
         starts, stops = [], []
         rows = batch.req_pool_indices.tolist()
-        for req, row, start, end in zip(batch.reqs, rows, first, ends, strict=True):
-            if self.keeps_hidden:  # positions without a kept hidden state stay stale
-                reachable = self._reachable(req.rid, end)
-                if start < reachable:
-                    self._count_left_stale(req.rid, start, reachable)
-                    start = reachable
+        for row, start, end in zip(rows, first, ends, strict=True):
             start = min(start, end)
             span = req_to_token[row, start : end + 1].tolist()
             skip = next((i for i, slot in enumerate(span) if slot not in planned), len(span))
@@ -239,28 +264,11 @@ class DraftCatchUp:
         """The positions a catch-up would run the draft over, summed over the batch's
         requests, beyond the step's own token (what a per-step extend runs anyway); a
         prefix requests share counts once per request (the plan writes it once: a bound,
-        read every step, without the plan's walk over each row). Changes nothing."""
+        read every step, without the plan's walk over each row)."""
         ends = batch.seq_lens.tolist()
-        first = self._first_stale(worker, batch.req_pool_indices, ends)
-        owed = 0
-        for req, start, end in zip(batch.reqs, first, ends, strict=True):
-            if self.keeps_hidden:  # positions without a kept hidden state stay stale
-                start = max(start, self._reachable(req.rid, end))
-            owed += max(end - start, 0)
-        return owed
-
-    def _reachable(self, rid: str, end: int) -> int:
-        """An EAGLE draft's first position it can catch up on: its first kept hidden state
-        (``end``, the step's own token, if none is kept)."""
-        kept = self.kept.get(rid)
-        return kept.first if kept is not None else end
-
-    def _count_left_stale(self, rid: str, start: int, stop: int) -> None:
-        """Positions ``start`` .. ``stop - 1`` of a request stay stale: count each once
-        (every later plan skips them again)."""
-        counted = self._stale_counted.get(rid, 0)
-        self.positions_left_stale += max(0, stop - max(start, counted))
-        self._stale_counted[rid] = max(counted, stop)
+        rids = [req.rid for req in batch.reqs]
+        first = self._catchable(worker, batch.req_pool_indices, ends, rids)
+        return sum(max(end - start, 0) for start, end in zip(first, ends, strict=True))
 
     # -- the extend ----------------------------------------------------------------------
 
@@ -271,7 +279,7 @@ class DraftCatchUp:
         draft = worker.draft_worker
         req_to_token = worker.req_to_token_pool.req_to_token
         device = batch.seq_lens.device
-        tokens, slots, hidden, lengths, tails = [], [], [], [], []
+        tokens, slots, lengths, tails = [], [], [], []
         pool_rows = batch.req_pool_indices.tolist()
         new_ids = next_ids.tolist()
         spans = zip(batch.reqs, pool_rows, plan.start, plan.stop, plan.end, strict=True)
@@ -287,16 +295,13 @@ class DraftCatchUp:
             tails.append(fed[-1:])
             slots.append(span)
             lengths.append(stop - start + 1)
-            if self.keeps_hidden:
-                kept = self.kept[req.rid]
-                hidden.extend(kept.rows[start - kept.first : stop - kept.first + 1])
-                del kept.rows[: stop + 1 - kept.first]  # caught up: no longer needed
-                kept.first = stop + 1
+        written = torch.cat(slots)
+        states = self._hidden_at(written) if self.keeps_hidden else None
         saved = {name: getattr(batch, name) for name in _CHANGED}
         try:
             batch.forward_mode = ForwardMode.EXTEND
             batch.input_ids = torch.cat(tokens)
-            batch.out_cache_loc = torch.cat(slots)
+            batch.out_cache_loc = written
             batch.prefix_lens = list(plan.start)
             batch.extend_lens = lengths
             batch.extend_num_tokens = sum(lengths)
@@ -308,13 +313,12 @@ class DraftCatchUp:
             batch.orig_seq_lens = batch.seq_lens
             batch.return_logprob = False
             batch.chunked_req_next_prompt_token = None
-            states = torch.stack(hidden) if hidden else None
             states = draft.draft_kind.draft_hidden_for_prefill(states)
             tail = torch.cat(tails)
             draft_input = draft.sglang_prefill_extend(batch, states, tail)
         finally:
             for name, value in saved.items():
                 setattr(batch, name, value)
-        self.drafted(torch.cat(slots))
+        self.drafted(written)
         self.tokens_caught_up += sum(lengths)
         return draft_input, torch.tensor(lengths, dtype=torch.int64, device=device)

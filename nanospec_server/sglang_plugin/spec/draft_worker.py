@@ -73,7 +73,9 @@ class NanoSpecDraftMixin:
 
     def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids, *args, **kw):
         own, top = self.draft_kind.own_prefill_candidates(batch)
-        deferred = not own and adaptive.prefill_deferred(batch)  # EAGLE-3 takes its own now
+        # the draft's prefill, and the top-K_pre unless the draft kind took its own in the
+        # target's forward, wait for the request's first drafting step
+        deferred = adaptive.prefill_deferred(batch)
         if own:
             self.nanospec.on_prefill(batch, None, top)
         elif deferred:
@@ -82,13 +84,16 @@ class NanoSpecDraftMixin:
             self.nanospec.on_prefill(batch, None)  # the prompt's tokens only
         else:
             self.nanospec.on_prefill(batch, target_hidden_states)
-        if deferred and (stub := adaptive.skipped_draft_prefill(self, batch, next_token_ids)):
-            return stub  # the draft catches up on the prompt before it drafts
-        target_hidden_states = self.draft_kind.draft_hidden_for_prefill(target_hidden_states)
+        if deferred:
+            hidden = target_hidden_states
+            stub = adaptive.skipped_draft_prefill(self, batch, next_token_ids, hidden)
+            if stub is not None:
+                return stub  # the draft catches up on the prompt before it drafts
         slots = batch.out_cache_loc
-        with adaptive.widened_prefill(self, batch) as widened:
+        with adaptive.widened_prefill(self, batch, target_hidden_states) as (widened, hidden):
             if widened:  # the target's plan covers the prefill's own slots only
                 kw["kv_loc_plan"] = None
+            target_hidden_states = self.draft_kind.draft_hidden_for_prefill(hidden)
             with adaptive.timed_draft_prefill(batch):
                 result = super()._draft_extend_for_prefill(
                     batch, target_hidden_states, next_token_ids, *args, **kw
