@@ -20,7 +20,8 @@ pair r mod N). One server process can run its forwards 10-15% slower than anothe
 same code on the same host for its whole life (two speculative servers of one commit beside
 one plain server, the same batches in rotating order: 0.88-0.94 against 0.98-1.02 of plain
 decoding's throughput, the slow one's every decode forward 10-15% longer): with one pair,
-that draw is in every round of the table.
+that draw is in every round of the table. The two servers of a pair start one after the
+other, and which starts first alternates by pair (``--start-order``).
 
     python benchmarks/load_table.py --pair default --out /tmp/load-default
     python benchmarks/load_table.py --pair eagle --out /tmp/load-eagle
@@ -187,6 +188,12 @@ def main() -> None:
         default=1,
         help="fresh server pairs the rounds are split among (round r in session r mod N)",
     )
+    parser.add_argument(
+        "--start-order",
+        choices=["alternate", "plain-first"],
+        default="alternate",
+        help="which server of a pair starts first: alternating by pair, or plain decoding's",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--max-total-tokens", type=int, default=16384)
@@ -226,7 +233,10 @@ def main() -> None:
         pending = [key for key in first_prompt if key[1] % args.sessions == session]
         if all(f"{c}|{r}|{name}" in records for c, r in pending for name in servers_at(c)):
             continue  # a rerun: this pair's batches are all stored
-        with running_servers(servers, one_at_a_time=True) as urls, path.open("a") as out:
+        # which server starts first alternates by pair (`--start-order`)
+        first = "plain" if args.start_order == "plain-first" or session % 2 == 0 else "speculative"
+        started = {first: servers[first]} | servers
+        with running_servers(started, one_at_a_time=True) as urls, path.open("a") as out:
             for name in urls:  # a first request pays one-time costs outside the table
                 run_batch(urls[name], prompts[:1], 8)
             for c in args.concurrency:
@@ -241,7 +251,7 @@ def main() -> None:
                         url = urls["plain" if name == "plain" else "speculative"]
                         if name != "plain":
                             set_adaptive(url, name == "adaptive")
-                        record = {"key": key, "session": session}
+                        record = {"key": key, "session": session, "first": first}
                         record |= run_batch(url, batch, args.max_new_tokens)
                         records[key] = record
                         out.write(json.dumps(record) + "\n")
