@@ -548,8 +548,7 @@ def skipped_draft_prefill(draft, batch, next_token_ids, target_hidden):
     catch_up = state.catch_up if state is not None else None
     if catch_up is None or not state.plain_steps_enabled:
         return None
-    positions = batch.out_cache_loc.shape[0]
-    if catch_up.keeps_hidden and (target_hidden is None or target_hidden.shape[0] != positions):
+    if not catch_up.hidden_complete(target_hidden, batch.out_cache_loc.shape[0]):
         return None  # no hidden state at every position to catch up from
     tails = _eagle_prefill_tail_tokens(batch, next_token_ids)
     catch_up.missed_prefill(batch, tails, target_hidden)

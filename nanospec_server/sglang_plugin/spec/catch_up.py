@@ -117,10 +117,15 @@ class DraftCatchUp:
         self.rotated[slots] = rotated.to(torch.int64)
         self._keep_hidden(slots, hidden)
 
+    def hidden_complete(self, hidden: Tensor | None, count: int) -> bool:
+        """Whether ``hidden`` holds the target's hidden state at each of ``count`` positions,
+        or the draft needs none (STANDALONE)."""
+        return not self.keeps_hidden or (hidden is not None and hidden.shape[0] == count)
+
     def _keep_hidden(self, slots: Tensor, hidden: Tensor | None) -> None:
         if not self.keeps_hidden:
             return
-        if hidden is None or hidden.shape[0] != slots.shape[0]:
+        if not self.hidden_complete(hidden, slots.shape[0]):
             self.has_hidden[slots] = False
             return
         if self.hidden is None:
@@ -157,7 +162,7 @@ class DraftCatchUp:
         if all(start == prefix for start, prefix in zip(first, prefix_lens, strict=True)):
             yield False, hidden
             return
-        if self.keeps_hidden and (hidden is None or hidden.shape[0] != batch.extend_num_tokens):
+        if not self.hidden_complete(hidden, batch.extend_num_tokens):
             yield False, hidden  # the prefill's own hidden states are not all there
             return
         req_to_token = worker.req_to_token_pool.req_to_token
