@@ -28,7 +28,7 @@ def read(path: Path) -> list[dict]:
     rows = []
     for text in path.read_text().splitlines():
         row = dict(zip(FIELDS, text.split(), strict=True))
-        for name in ("start", "seconds", "gap"):
+        for name in ("start", "seconds", "gap", "gc"):
             row[name] = float(row[name])
         row["batch"], row["kv"] = int(row.pop("batch_size")), int(row.pop("kv_tokens"))
         row["draft"] = row["draft"] == "1"
@@ -79,7 +79,9 @@ def main() -> None:
     for name, rows in (("baseline", base), ("other", other)):
         decode = sum(r["seconds"] for r in rows if r["mode"] == "DECODE" and not r["draft"])
         gaps = sum(r["gap"] for r in rows if 0 <= r["gap"] < 5)  # idle time between loads aside
-        print(f"{name}: target decode forwards {decode:.1f} s, gaps under 5 s {gaps:.1f} s")
+        collected = sum(r["gc"] for r in rows)
+        print(f"{name}: target decode forwards {decode:.1f} s, gaps under 5 s {gaps:.1f} s, "
+              f"garbage collection {collected:.2f} s")  # fmt: skip
         for kind, (count, seconds) in other_forwards(rows).items():
             print(f"  {kind}: {count} forwards, {seconds:.1f} s")
 

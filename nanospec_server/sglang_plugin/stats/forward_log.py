@@ -5,12 +5,15 @@ plugin loads in every `nanospec serve`) appends to ``PREFIX.PID``, one line per
 `ModelRunner.forward`: its start (`time.perf_counter`, one clock for every process on
 the host), its seconds, the seconds since the previous forward of that runner ended
 (what the step did outside the model: scheduling, sampling, bookkeeping), the forward
-mode, the batch size, the batch's KV tokens and whether the runner is a draft's.
+mode, the batch size, the batch's KV tokens, whether the runner is a draft's, and the
+seconds Python's garbage collector ran in this process since the previous line (inside
+the forward or between forwards: the collector runs wherever an allocation trips it).
 `benchmarks/forward_gaps.py` compares two such logs. Off unless the variable is set.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -18,7 +21,7 @@ from typing import Any, TextIO
 
 from nanospec_server import env, seams
 
-FIELDS = ("start", "seconds", "gap", "mode", "batch_size", "kv_tokens", "draft")
+FIELDS = ("start", "seconds", "gap", "mode", "batch_size", "kv_tokens", "draft", "gc")
 
 
 class ForwardLog:
@@ -26,6 +29,16 @@ class ForwardLog:
         self.path = f"{prefix}.{os.getpid()}"
         self._file: TextIO | None = None
         self._last_end: dict[int, float] = {}  # per runner: the end of its last forward
+        self._gc_seconds = 0.0  # collections since the last line
+        self._gc_start: float | None = None
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif self._gc_start is not None:
+            self._gc_seconds += time.perf_counter() - self._gc_start
+            self._gc_start = None
 
     def __call__(self, original: Callable, runner: Any, forward_batch: Any, *args, **kwargs):
         start = time.perf_counter()
@@ -36,16 +49,19 @@ class ForwardLog:
         gap = start - previous if previous is not None else -1.0
         if self._file is None:
             self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 (lives with the process)
-        self._file.write(line(start, end - start, gap, runner, forward_batch) + "\n")
+        gc_seconds, self._gc_seconds = self._gc_seconds, 0.0
+        self._file.write(line(start, end - start, gap, runner, forward_batch, gc_seconds) + "\n")
         return result
 
 
-def line(start: float, seconds: float, gap: float, runner: Any, forward_batch: Any) -> str:
+def line(
+    start: float, seconds: float, gap: float, runner: Any, forward_batch: Any, gc_seconds: float
+) -> str:
     mode = forward_batch.forward_mode.name
     kv_tokens = int(forward_batch.seq_lens_sum or 0)
     draft = int(bool(getattr(runner, "is_draft_worker", False)))
     fields = (f"{start:.6f}", f"{seconds:.6f}", f"{gap:.6f}", mode,
-              str(forward_batch.batch_size), str(kv_tokens), str(draft))  # fmt: skip
+              str(forward_batch.batch_size), str(kv_tokens), str(draft), f"{gc_seconds:.6f}")  # fmt: skip
     return " ".join(fields)
 
 
