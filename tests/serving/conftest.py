@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 
 import pytest
@@ -47,13 +48,36 @@ def generate_waves(url: str, prompts: list[list[int]], max_new: list[int]) -> li
     return first + second[::-1]
 
 
-@pytest.fixture(scope="session")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Callable:
-    """serve(target, extra_flags) -> context manager yielding the server URL."""
+# Flags that leave a server plain decoding in BASE_FLAGS' float32: its reference answers.
+PLAIN_FLAGS = ([], ["--dtype", "float32"])
+# The targets most modules take references from; each shared server stays up (~3 GB).
+SHARED_TARGETS = ("tiny-target", "agree-target")
 
-    def start(target: str, flags: list[str]) -> Iterator[str]:
+
+@pytest.fixture(scope="package")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable]:
+    """serve(target, extra_flags) -> context manager yielding the server URL.
+
+    Plain decoding of a shared target is one server for the whole package: every module
+    takes its reference answers from it (a start costs more than most modules' requests).
+    Its radix cache then holds other modules' prompts, which must not change an answer
+    either. A test that puts plain decoding itself under test asks for a ``fresh`` one."""
+    plain: dict[str, str] = {}
+
+    def started(target: str, flags: list[str]) -> AbstractContextManager[str]:
         log = Path(tmp_path_factory.mktemp("server")) / "server.log"
         model = ["--model-path", str(tiny_model_path(target))]
         return running_server(model + BASE_FLAGS + flags, log)
 
-    return start
+    with ExitStack() as running:
+
+        def start(
+            target: str, flags: list[str], fresh: bool = False
+        ) -> AbstractContextManager[str]:
+            if fresh or flags not in PLAIN_FLAGS or target not in SHARED_TARGETS:
+                return started(target, flags)
+            if target not in plain:
+                plain[target] = running.enter_context(started(target, []))
+            return nullcontext(plain[target])
+
+        yield start

@@ -89,14 +89,16 @@ CASES = [("reported", REPORTED)] + [
 
 @pytest.fixture(scope="module")
 def plain_decoding(serve) -> list[list[int]]:
-    """The greedy prompts' outputs on a plain server that saw nothing else."""
+    """The greedy prompts' outputs on the package's plain server, which is never sent an
+    impossible request (the plain server under test is a fresh one)."""
     with serve("tiny-target", []) as url:
         return [generate(url, p, GREEDY_NEW_TOKENS)["output_ids"] for p in GREEDY_PROMPTS]
 
 
 @pytest.fixture(scope="module", params=["plain", "spec"])
 def url(request: pytest.FixtureRequest, serve, plain_decoding) -> Iterator[str]:
-    with serve("tiny-target", SPEC_FLAGS if request.param == "spec" else []) as url:
+    flags = SPEC_FLAGS if request.param == "spec" else []
+    with serve("tiny-target", flags, fresh=True) as url:
         yield url
 
 
