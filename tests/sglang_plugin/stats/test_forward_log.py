@@ -67,6 +67,7 @@ def test_each_line_carries_the_garbage_collections_since_the_previous_line(log: 
     log(lambda runner, forward_batch: None, runner, batch("DECODE", 1, 10))
     log(forward_that_collects, runner, batch("DECODE", 1, 11))
     log(lambda runner, forward_batch: None, runner, batch("DECODE", 1, 12))
-    collected = [float(text.split()[7]) for text in open(log.path).read().splitlines()]
+    at = FIELDS.index("gc")
+    collected = [float(text.split()[at]) for text in open(log.path).read().splitlines()]
     assert collected[1] > 0  # the full collection inside the second forward
     assert collected[2] < collected[1]  # counted once, not carried to the next line
