@@ -12,7 +12,9 @@ streamed chunks (p50, p99: a speculative step streams all the tokens it accepted
 chunk, as SGLang's own ``bench_serving`` counts it), and how many outputs equal plain
 decoding's. At the concurrencies in ``--fixed-at`` each round also runs the speculative
 server with adaptive speculation turned off live (``{"adaptive": false}``: the launch's
-fixed depth). Records go to ``--out/records.jsonl`` as each batch ends (a rerun skips
+fixed depth). At those in ``--control-at`` it also runs a second plain server, started with
+the pair: its row is plain decoding against itself, the spread the host alone puts into a
+round's ratio (two processes of the same code, the same batches, the same protocol). Records go to ``--out/records.jsonl`` as each batch ends (a rerun skips
 those stored), the table to ``--out/table.md``.
 
 ``--sessions N`` splits the rounds among N pairs of freshly started servers (round r in
@@ -58,7 +60,7 @@ PAIRS = {  # the speculative server's flags; the plain server serves its first t
         + speculative_flags("EAGLE", str(shipped_eagle_head()), 4, 1, 5)
     ),
 }
-SERVERS = ["plain", "adaptive", "fixed"]  # the table's rows per concurrency, in order
+SERVERS = ["plain", "adaptive", "fixed", "plain-2"]  # the table's rows per concurrency
 # Long-document categories make a round at c = 32 a prefill benchmark of minutes.
 SKIPPED_CATEGORIES = ("summarization", "rag")
 
@@ -122,6 +124,26 @@ def set_adaptive(url: str, on: bool) -> None:
     response.raise_for_status()
 
 
+def server_order(names: list[str], round_: int) -> list[str]:
+    """The order the servers run a round's batch in: rows of a Williams design, so that
+    over the rounds each server runs in each place equally often, and right after each
+    other server equally often (over twice as many rounds as servers where their number is
+    odd). The host's speed drifts between batches: a row whose batches ran further from
+    plain decoding's would pick more of that drift up. Two servers alternate."""
+    n = len(names)
+    first, low, high = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    row = [(place + round_) % n for place in first]
+    if n % 2 and (round_ // n) % 2:
+        row.reverse()
+    return [names[i] for i in row]
+
+
 def tokens_per_s(record: dict) -> float:
     return sum(item["completion_tokens"] for item in record["items"]) / record["wall_s"]
 
@@ -183,6 +205,13 @@ def main() -> None:
     )
     parser.add_argument("--fixed-at", type=int, nargs="*", default=[1])
     parser.add_argument(
+        "--control-at",
+        type=int,
+        nargs="*",
+        default=[],
+        help="concurrencies where a second plain server runs each batch too (the noise floor)",
+    )
+    parser.add_argument(
         "--sessions",
         type=int,
         default=1,
@@ -216,6 +245,8 @@ def main() -> None:
         "plain": (spec[:2] + limits, args.out / "plain.log"),
         "speculative": (spec + limits + ["--admin-api-key", ADMIN_KEY], args.out / "spec.log"),
     }
+    if args.control_at:
+        servers["plain-2"] = (spec[:2] + limits, args.out / "plain-2.log")
     needed = sum(c * rounds_at.get(c, args.rounds) for c in args.concurrency)
     prompts = prompt_ids(spec[1], needed, args.seed)
     host = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -227,7 +258,8 @@ def main() -> None:
             first_prompt[c, round_], start = start, start + c
 
     def servers_at(c: int) -> list[str]:
-        return ["plain", "adaptive"] + (["fixed"] if c in args.fixed_at else [])
+        fixed = ["fixed"] if c in args.fixed_at else []
+        return ["plain", "adaptive"] + fixed + (["plain-2"] if c in args.control_at else [])
 
     for session in range(args.sessions):
         pending = [key for key in first_prompt if key[1] % args.sessions == session]
@@ -243,13 +275,13 @@ def main() -> None:
                 for round_ in (r for cc, r in pending if cc == c):
                     batch = prompts[first_prompt[c, round_] : first_prompt[c, round_] + c]
                     names = servers_at(c)
-                    order = names if round_ % 2 == 0 else names[::-1]
+                    order = server_order(names, round_)
                     for name in order:
                         key = f"{c}|{round_}|{name}"
                         if key in records:
                             continue
-                        url = urls["plain" if name == "plain" else "speculative"]
-                        if name != "plain":
+                        url = urls[name if name.startswith("plain") else "speculative"]
+                        if not name.startswith("plain"):
                             set_adaptive(url, name == "adaptive")
                         record = {"key": key, "session": session, "first": first}
                         record |= run_batch(url, batch, args.max_new_tokens)
