@@ -4,25 +4,26 @@ inter-token latency.
 
 Both servers are up at once. At each concurrency c, each round sends a fresh batch of c
 Spec-Bench first turns (shuffled with ``--seed``, each through the target's chat template,
-greedy) to each server in turn, the order alternating by round. A round's throughput is its
-batch's completion tokens over the batch's wall time; per concurrency the table gives the
-median of the rounds' ratios with its bootstrap 95% interval, each server's total tokens per
-second, request latency (median, p90), time to first token (p50) and the gap between
-streamed chunks (p50, p99: a speculative step streams all the tokens it accepted in one
-chunk, as SGLang's own ``bench_serving`` counts it), and how many outputs equal plain
+greedy) to each server in turn, the order alternating by round (`server_order`). A round's
+throughput is its batch's completion tokens over the batch's wall time; per concurrency the
+table gives the median of the rounds' ratios with its bootstrap 95% interval, each server's
+total tokens per second, request latency (median, p90), time to first token (p50) and the
+gap between streamed chunks (p50, p99: a speculative step streams all the tokens it accepted
+in one chunk, as SGLang's own ``bench_serving`` counts it), and how many outputs equal plain
 decoding's. At the concurrencies in ``--fixed-at`` each round also runs the speculative
 server with adaptive speculation turned off live (``{"adaptive": false}``: the launch's
 fixed depth). At those in ``--control-at`` it also runs a second plain server, started with
 the pair: its row is plain decoding against itself, the spread the host alone puts into a
-round's ratio (two processes of the same code, the same batches, the same protocol). Records go to ``--out/records.jsonl`` as each batch ends (a rerun skips
-those stored), the table to ``--out/table.md``.
+round's ratio (two processes of the same code, the same batches, the same protocol).
+Records go to ``--out/records.jsonl`` as each batch ends (a rerun skips those stored), the
+table to ``--out/table.md``.
 
 ``--sessions N`` splits the rounds among N pairs of freshly started servers (round r in
 pair r mod N). One server process can run its forwards 10-15% slower than another of the
-same code on the same host for its whole life (two speculative servers of one commit beside
-one plain server, the same batches in rotating order: 0.88-0.94 against 0.98-1.02 of plain
-decoding's throughput, the slow one's every decode forward 10-15% longer): with one pair,
-that draw is in every round of the table. The two servers of a pair start one after the
+same code on the same host, for minutes at a time or for its whole life (two speculative
+servers of one commit beside one plain server, the same batches in rotating order: 0.88-0.94
+against 0.98-1.02 of plain decoding's throughput, the slow one's every decode forward 10-15%
+longer): with one pair, such a stretch sits in many rounds of the table. The two servers of a pair start one after the
 other, and which starts first alternates by pair (``--start-order``).
 
     python benchmarks/load_table.py --pair default --out /tmp/load-default
