@@ -23,8 +23,9 @@ pair r mod N). One server process can run its forwards 10-15% slower than anothe
 same code on the same host, for minutes at a time or for its whole life (two speculative
 servers of one commit beside one plain server, the same batches in rotating order: 0.88-0.94
 against 0.98-1.02 of plain decoding's throughput, the slow one's every decode forward 10-15%
-longer): with one pair, such a stretch sits in many rounds of the table. The two servers of a pair start one after the
-other, and which starts first alternates by pair (``--start-order``).
+longer): with one pair, such a stretch sits in many rounds of the table. The servers of a
+pair start one after the other, and which starts first alternates by pair
+(``--start-order``).
 
     python benchmarks/load_table.py --pair default --out /tmp/load-default
     python benchmarks/load_table.py --pair eagle --out /tmp/load-eagle
