@@ -4,7 +4,7 @@ inter-token latency.
 
 Both servers are up at once. At each concurrency c, each round sends a fresh batch of c
 Spec-Bench first turns (shuffled with ``--seed``, each through the target's chat template,
-greedy) to each server in turn, the order alternating by round (`server_order`). A round's
+greedy) to each server in turn, the order alternating by round (`williams_order`). A round's
 throughput is its batch's completion tokens over the batch's wall time; per concurrency the
 table gives the median of the rounds' ratios with its bootstrap 95% interval, each server's
 total tokens per second, request latency (median, p90), time to first token (p50) and the
@@ -47,6 +47,7 @@ import requests
 from bootstrap import bootstrap_median
 
 from nanospec_server.bench.cli import shipped_eagle_head
+from nanospec_server.bench.schedule import williams_order
 from nanospec_server.bench.specbench import spec_bench_path
 from nanospec_server.launch.server import running_servers, speculative_flags
 from nanospec_server.models.chat import encode_user_turns
@@ -124,26 +125,6 @@ def set_adaptive(url: str, on: bool) -> None:
         timeout=60,
     )
     response.raise_for_status()
-
-
-def server_order(names: list[str], round_: int) -> list[str]:
-    """The order the servers run a round's batch in: rows of a Williams design, so that
-    over the rounds each server runs in each place equally often, and right after each
-    other server equally often (over twice as many rounds as servers where their number is
-    odd). The host's speed drifts between batches: a row whose batches ran further from
-    plain decoding's would pick more of that drift up. Two servers alternate."""
-    n = len(names)
-    first, low, high = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...
-    while len(first) < n:
-        first.append(low)
-        low += 1
-        if len(first) < n:
-            first.append(high)
-            high -= 1
-    row = [(place + round_) % n for place in first]
-    if n % 2 and (round_ // n) % 2:
-        row.reverse()
-    return [names[i] for i in row]
 
 
 def tokens_per_s(record: dict) -> float:
@@ -277,7 +258,7 @@ def main() -> None:
                 for round_ in (r for cc, r in pending if cc == c):
                     batch = prompts[first_prompt[c, round_] : first_prompt[c, round_] + c]
                     names = servers_at(c)
-                    order = server_order(names, round_)
+                    order = williams_order(names, round_)
                     for name in order:
                         key = f"{c}|{round_}|{name}"
                         if key in records:

@@ -65,6 +65,26 @@ def rotated(items: list[str], shift: int) -> list[str]:
     return items[shift:] + items[:shift]
 
 
+def williams_order(items: list[str], block: int) -> list[str]:
+    """Row ``block`` of a Williams design over ``items``: over the rows each item runs in
+    each place equally often, and right after each other item equally often (over twice as
+    many rows as items where their number is odd). `rotated` keeps each item's neighbours
+    from row to row; with more than two items, one that is never next to the anchor picks
+    up more of the host's drift between batches. Two items alternate, as `rotated` does."""
+    n = len(items)
+    first, low, high = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    row = [(place + block) % n for place in first]
+    if n % 2 and (block // n) % 2:
+        row.reverse()
+    return [items[i] for i in row]
+
+
 def plan(
     config_groups: list[list[str]],
     prompt_turns: dict[str, int],

@@ -1,4 +1,4 @@
-"""The side-by-side schedule: rotation, groups with anchors, turn order."""
+"""The side-by-side schedule: rotation, the Williams order, groups with anchors, turn order."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanospec_server.bench.schedule import anchor_group, groups, plan, rotated
+from nanospec_server.bench.schedule import anchor_group, groups, plan, rotated, williams_order
 
 
 def test_every_batch_goes_to_every_config_with_a_rotating_first() -> None:
@@ -21,6 +21,24 @@ def test_every_batch_goes_to_every_config_with_a_rotating_first() -> None:
         assert [x.config for x in block] == rotated(configs, b)
     # Each configuration goes first (and last) equally often.
     assert Counter(block[0].config for block in blocks) == Counter({c: 2 for c in configs})
+
+
+def test_williams_order_alternates_two_items() -> None:
+    firsts = [williams_order(["plain", "adaptive"], r)[0] for r in range(4)]
+    assert firsts == ["plain", "adaptive", "plain", "adaptive"]
+
+
+@pytest.mark.parametrize("count", [3, 4, 5])
+def test_williams_order_balances_places_and_neighbours(count: int) -> None:
+    items = ["plain", "adaptive", "fixed", "plain-2", "fifth"][:count]
+    rows = count if count % 2 == 0 else 2 * count
+    orders = [williams_order(items, r) for r in range(rows)]
+    assert all(sorted(o) == sorted(items) for o in orders)
+    places = Counter((item, o.index(item)) for o in orders for item in o)
+    assert set(places.values()) == {rows // count}
+    followers = Counter(pair for o in orders for pair in zip(o, o[1:], strict=False))
+    assert len(followers) == count * (count - 1)  # every ordered pair of items
+    assert set(followers.values()) == {rows // count}
 
 
 def test_second_turns_come_after_all_first_turns_and_batches_group_prompts() -> None:
