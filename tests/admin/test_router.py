@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from nanospec_server.admin.fleet import fetch_fleet, worker_label
+from nanospec_server.admin.fleet import FleetStats, fetch_fleet, worker_label
 from nanospec_server.admin.stats_models import Aggregates
 from nanospec_server.launch.server import free_port, running_servers
 from nanospec_server.models.tiny import tiny_model_path
@@ -198,13 +198,28 @@ def settled(fleet: Fleet, timeout_s: float = 120.0) -> None:
     raise AssertionError(f"the fleet's statistics did not settle in {timeout_s} s: {last}")
 
 
+def read_still(fleet: Fleet, attempts: int = 20) -> tuple[FleetStats, dict[str, Aggregates]]:
+    """The fleet view, with the workers' own figures read just before and just after it,
+    kept once those two agree and the view saw no request state held. The router's health
+    checks (a one-token generate a second) hold request state for a moment, so the live
+    gauge `state_bytes_in_use` may move between any two reads of an otherwise still fleet."""
+    for _ in range(attempts):
+        before = fleet.aggregates()
+        view = fetch_fleet(fleet.urls, stats)
+        after = fleet.aggregates()
+        quiet = view.aggregates.state_bytes_in_use == view.aggregates.state_bytes_idle
+        if before == after and quiet:
+            return view, after
+        time.sleep(0.2)
+    raise AssertionError(f"the workers' figures moved across {attempts} reads of the fleet view")
+
+
 def test_fleet_view_adds_up_across_workers(fleet: Fleet) -> None:
     router = fleet.routers["round_robin"]
     for text in PROMPTS:
         generate(router, text)
     settled(fleet)
-    view = fetch_fleet(fleet.urls, stats)
-    parts = fleet.aggregates()
+    view, parts = read_still(fleet)
     assert view.aggregates == Aggregates.combine(list(parts.values()))
     assert view.aggregates.requests_finished == sum(a.requests_finished for a in parts.values())
     assert {e.worker for e in view.requests} == {worker_label(u) for u in fleet.urls}
