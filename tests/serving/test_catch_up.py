@@ -13,8 +13,8 @@ with the position of its root), keyed by request and position.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -165,28 +165,50 @@ def since(before: dict, after: dict) -> dict:
     return after | {name: after[name] - before[name] for name in COUNTERS}
 
 
-@pytest.fixture(scope="module")
-def recorded(serve, tmp_path_factory) -> Callable[..., tuple]:
-    def run(kind: str, extra: list[str], drive: Callable = run_requests) -> tuple:
-        path = Path(tmp_path_factory.mktemp("stream")) / "stream.jsonl"
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("NANOSPEC_RECORD_STREAMS", str(path))
-            with serve("tiny-target", KINDS[kind] + FLAGS + extra) as url:
-                before = adaptive_stats(url)  # SGLang's health check is a request too
-                outputs = drive(url, "r")
-                stats = since(before, adaptive_stats(url))
-                per_request = requests.get(f"{url}/stats/vocab", timeout=60).json()["requests"]
-        return outputs, stats, per_request, *draft_trees(path)
+@dataclass
+class Recorded:
+    """What one server did in each scenario: `run_requests` (``outputs``, the catch-up's
+    counters over it, /stats/vocab's per-request entries after it), then, on an emptied
+    radix cache, `run_prefix_requests` (``prefix_runs``); and the draft trees of both."""
 
-    return run
+    outputs: list[list[int]]
+    stats: dict
+    per_request: list[dict]
+    prefix_runs: dict
+    trees: dict[tuple[str, int], list[int]]
+    after_depth_0: set
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_catch_up_drafts_what_an_extend_on_every_step_drafts(recorded, kind: str) -> None:
-    outputs, stats, per_request, trees, after_run = recorded(kind, [])
-    reference = recorded(kind, ["--nanospec-adaptive-keep-extend"])
-    ref_outputs, ref_stats, _, ref_trees, _ = reference
-    assert outputs == ref_outputs  # greedy: both plain decoding's
+def record(serve, path: Path, kind: str, extra: list[str]) -> Recorded:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NANOSPEC_RECORD_STREAMS", str(path))
+        with serve("tiny-target", KINDS[kind] + FLAGS + extra) as url:
+            before = adaptive_stats(url)  # SGLang's health check is a request too
+            outputs = run_requests(url, "r")
+            stats = since(before, adaptive_stats(url))
+            per_request = requests.get(f"{url}/stats/vocab", timeout=60).json()["requests"]
+            # the prefix scenarios' first request must not find its prompt cached here
+            flush_cache(url)
+            prefix_runs = run_prefix_requests(url, "r")
+    return Recorded(outputs, stats, per_request, prefix_runs, *draft_trees(path))
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def servers(request, serve, tmp_path_factory) -> tuple[Recorded, Recorded]:
+    """Per draft kind: the lazy server and the reference (`--nanospec-adaptive-keep-extend`),
+    one start each for every scenario."""
+    kind = request.param
+    root = Path(tmp_path_factory.mktemp("stream"))
+    lazy = record(serve, root / "lazy.jsonl", kind, [])
+    reference = record(serve, root / "reference.jsonl", kind, ["--nanospec-adaptive-keep-extend"])
+    return lazy, reference
+
+
+def test_catch_up_drafts_what_an_extend_on_every_step_drafts(servers) -> None:
+    lazy, reference = servers
+    stats, ref_stats = lazy.stats, reference.stats
+    trees, ref_trees, after_run = lazy.trees, reference.trees, lazy.after_depth_0
+    assert lazy.outputs == reference.outputs  # greedy: both plain decoding's
     shared = set(trees) & set(ref_trees)
     differing = sorted(key for key in shared if trees[key] != ref_trees[key])
     assert not differing, [(key, trees[key], ref_trees[key]) for key in differing[:5]]
@@ -195,7 +217,7 @@ def test_catch_up_drafts_what_an_extend_on_every_step_drafts(recorded, kind: str
     assert stats["catch_up_tokens"] > 0 and stats["catch_up_positions_left_stale"] == 0, stats
     assert ref_stats["catch_up_tokens"] == 0, ref_stats
     assert stats["draft_prefills_skipped"] > 0, stats  # the prompts arrived at depth 0
-    caught = sum(entry.get("catch_up_tokens", 0) for entry in per_request)
+    caught = sum(entry.get("catch_up_tokens", 0) for entry in lazy.per_request)
     assert caught == stats["catch_up_tokens"], (caught, stats["catch_up_tokens"])
 
 
@@ -215,9 +237,8 @@ def run_prefix_requests(url: str, rid_prefix: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
 def test_prefixes_from_the_radix_cache_are_caught_up_as_their_writers_wrote_them(
-    recorded, kind: str
+    servers,
 ) -> None:
     """Draft validity is per KV slot, and so are the draft's inputs kept there (the
     writer's next token; the target's hidden state for an EAGLE draft).
@@ -228,10 +249,9 @@ def test_prefixes_from_the_radix_cache_are_caught_up_as_their_writers_wrote_them
     requests that share a radix prefix and both missed the draft's prefill catch up in one
     extend: each shared slot is written once, from the sequence of the request that wrote
     it, so both draft as over the reference's cache (``ry-a``, ``ry-b``)."""
-    runs, _, _, trees, _ = recorded(kind, [], run_prefix_requests)
-    ref_runs, _, _, ref_trees, _ = recorded(
-        kind, ["--nanospec-adaptive-keep-extend"], run_prefix_requests
-    )
+    lazy, reference = servers
+    runs, ref_runs = lazy.prefix_runs, reference.prefix_runs
+    trees, ref_trees = lazy.trees, reference.trees
     radix, ref_radix = runs["radix"], ref_runs["radix"]
     assert radix[:2] == ref_radix[:2]
     assert radix[2] > len(PROMPTS[1])  # the second request reused the first's answer
