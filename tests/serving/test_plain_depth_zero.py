@@ -1,7 +1,8 @@
 """A depth-0 step is SGLang's plain decode step: bit-identical to plain decoding, in every
 draft kind, pinned at depth 0, switched to drafting and back mid-request, and under the policy.
 
-One server per (draft kind, tree shape); scenarios switch by live settings. The random
+One server per (draft kind, tree shape); scenarios switch by live settings, and a request
+that needs the verify path ends them. The random
 tiny target and its drafts (proposals depend on context) in fp32, prefilled in chunks, two
 waves of concurrent requests with log-probabilities (`test_bitwise_lossless.answers`).
 """
@@ -9,6 +10,7 @@ waves of concurrent requests with log-probabilities (`test_bitwise_lossless.answ
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import pytest
 import requests
@@ -61,11 +63,35 @@ def flipping(url: str, deepest: int, stop: threading.Event) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize("kind", list(CONFIGS))
-def test_depth_zero_runs_the_plain_decode_path_bit_identically(
-    serve, plain_answers, kind: str
-) -> None:
-    with serve("tiny-target", CONFIGS[kind] + ADAPTIVE + CHUNKED) as url:
+TOP_K_BODY = {
+    "input_ids": PROMPTS[2],
+    "sampling_params": {"temperature": 0.0, "max_new_tokens": 12},
+    "return_logprob": True,
+    "top_logprobs_num": 3,
+}
+
+
+@dataclass
+class Runs:
+    """One server's scenarios, in order: pinned at depth 0, switched between depth 0 and
+    drafting mid-request, chosen by the policy, then a request that needs the verify path
+    at depth 0 (top-k log-probabilities), with /stats/vocab's adaptive block around it."""
+
+    pinned: list
+    at_zero: dict
+    one: dict
+    flipped: list
+    chosen: list
+    stats: dict
+    totals: dict
+    before_top_k: dict
+    top_k: dict
+    after_top_k: dict
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def runs(request, serve) -> Runs:
+    with serve("tiny-target", CONFIGS[request.param] + ADAPTIVE + CHUNKED) as url:
         pin(url, 0)
         pinned = answers(url)
         at_zero = adaptive_stats(url)
@@ -79,9 +105,18 @@ def test_depth_zero_runs_the_plain_decode_path_bit_identically(
         chosen = answers(url)
         stats = adaptive_stats(url)
         totals = requests.get(f"{url}/stats/vocab", timeout=60).json()["aggregates"]
+        pin(url, 0)
+        before_top_k = adaptive_stats(url)
+        top_k = requests.post(f"{url}/generate", json=TOP_K_BODY, timeout=600).json()
+        after_top_k = adaptive_stats(url)
+    return Runs(pinned, at_zero, one, flipped, chosen, stats, totals, before_top_k, top_k,
+                after_top_k)  # fmt: skip
 
+
+def test_depth_zero_runs_the_plain_decode_path_bit_identically(plain_answers, runs) -> None:
+    at_zero, one, stats, totals = runs.at_zero, runs.one, runs.stats, runs.totals
     # Pinned at 0: every decode step took the plain path, none SGLang's verify.
-    assert_bitwise(plain_answers, pinned)
+    assert_bitwise(plain_answers, runs.pinned)
     assert set(at_zero["steps_by_depth"]) == {"0"}, at_zero
     assert at_zero["plain_steps"] == at_zero["steps_by_depth"]["0"] > 0, at_zero
     assert at_zero["depth_0_verifies"] == 0, at_zero
@@ -96,8 +131,8 @@ def test_depth_zero_runs_the_plain_decode_path_bit_identically(
     assert record["plain_steps"] == one["meta_info"]["spec_verify_ct"], record
 
     # Switched between plain steps and drafting mid-request, and chosen by the policy.
-    assert_bitwise(plain_answers, flipped)
-    assert_bitwise(plain_answers, chosen)
+    assert_bitwise(plain_answers, runs.flipped)
+    assert_bitwise(plain_answers, runs.chosen)
     assert {"0", "3"} <= set(stats["steps_by_depth"]), stats
     assert stats["depth_0_verifies"] == 0, stats
     assert totals["plain_steps"] > 0 and totals["draft_steps"] > 0, totals
@@ -105,21 +140,11 @@ def test_depth_zero_runs_the_plain_decode_path_bit_identically(
     assert totals["accept_length_mean"] == pytest.approx(drafting_emitted / totals["draft_steps"])
 
 
-def test_requests_that_need_the_verify_path_keep_it(serve, plain_answers) -> None:
+def test_requests_that_need_the_verify_path_keep_it(plain_answers, runs) -> None:
     """A batch holding a request with top-k log-probabilities runs its depth-0 steps through
     SGLang's verify path (counted, with the reason); its answer is plain decoding's."""
-    with serve("tiny-target", CONFIGS["eagle-chain"] + ADAPTIVE) as url:
-        pin(url, 0)
-        before = adaptive_stats(url)
-        body = {
-            "input_ids": PROMPTS[2],
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": 12},
-            "return_logprob": True,
-            "top_logprobs_num": 3,
-        }
-        reply = requests.post(f"{url}/generate", json=body, timeout=600).json()
-        stats = adaptive_stats(url)
-    assert reply["output_ids"] == plain_answers[2][0][:12]
+    before, stats = runs.before_top_k, runs.after_top_k
+    assert runs.top_k["output_ids"] == plain_answers[2][0][:12]
     kept = stats["depth_0_on_verify_path"]["top-k log-probabilities"]
     assert kept == 11 and not before["depth_0_on_verify_path"], stats
     assert stats["depth_0_verifies"] - before["depth_0_verifies"] == 11, stats
