@@ -12,7 +12,8 @@ gap between streamed chunks (p50, p99: a speculative step streams all the tokens
 in one chunk, as SGLang's own ``bench_serving`` counts it), and how many outputs equal plain
 decoding's. At the concurrencies in ``--fixed-at`` each round also runs the speculative
 server with adaptive speculation turned off live (``{"adaptive": false}``: the launch's
-fixed depth). At those in ``--control-at`` it also runs a second plain server, started with
+fixed depth), its radix cache emptied before the second of its two batches of a round, so
+that neither row finds the round's prompts already prefilled by the other. At those in ``--control-at`` it also runs a second plain server, started with
 the pair: its row is plain decoding against itself, the spread the host alone puts into a
 round's ratio (two processes of the same code, the same batches, the same protocol).
 Records go to ``--out/records.jsonl`` as each batch ends (a rerun skips those stored), the
@@ -123,6 +124,15 @@ def set_adaptive(url: str, on: bool) -> None:
         json={"adaptive": on},
         headers={"X-Admin-Key": ADMIN_KEY},
         timeout=60,
+    )
+    response.raise_for_status()
+
+
+def flush_cache(url: str) -> None:
+    """Empty the speculative server's radix cache: the second of its rows in a round would
+    otherwise find the round's prompts cached by the first and skip their prefill."""
+    response = requests.post(
+        f"{url}/flush_cache", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60
     )
     response.raise_for_status()
 
@@ -259,12 +269,16 @@ def main() -> None:
                     batch = prompts[first_prompt[c, round_] : first_prompt[c, round_] + c]
                     names = servers_at(c)
                     order = williams_order(names, round_)
+                    speculative_ran = False  # this round's batch, on the speculative server
                     for name in order:
                         key = f"{c}|{round_}|{name}"
                         if key in records:
                             continue
                         url = urls[name if name.startswith("plain") else "speculative"]
                         if not name.startswith("plain"):
+                            if speculative_ran:
+                                flush_cache(url)
+                            speculative_ran = True
                             set_adaptive(url, name == "adaptive")
                         record = {"key": key, "session": session, "first": first}
                         record |= run_batch(url, batch, args.max_new_tokens)
