@@ -13,9 +13,10 @@ in one chunk, as SGLang's own ``bench_serving`` counts it), and how many outputs
 decoding's. At the concurrencies in ``--fixed-at`` each round also runs the speculative
 server with adaptive speculation turned off live (``{"adaptive": false}``: the launch's
 fixed depth), its radix cache emptied before the second of its two batches of a round, so
-that neither row finds the round's prompts already prefilled by the other. At those in ``--control-at`` it also runs a second plain server, started with
-the pair: its row is plain decoding against itself, the spread the host alone puts into a
-round's ratio (two processes of the same code, the same batches, the same protocol).
+that neither row finds the round's prompts already prefilled by the other. At those in
+``--control-at`` it also runs a second plain server, started with the pair: its row is
+plain decoding against itself, the spread the host alone puts into a round's ratio (two
+processes of the same code, the same batches, the same protocol).
 Records go to ``--out/records.jsonl`` as each batch ends (a rerun skips those stored), the
 table to ``--out/table.md``.
 

@@ -2,9 +2,9 @@
 draft kind, pinned at depth 0, switched to drafting and back mid-request, and under the policy.
 
 One server per (draft kind, tree shape); scenarios switch by live settings, and a request
-that needs the verify path ends them. The random
-tiny target and its drafts (proposals depend on context) in fp32, prefilled in chunks, two
-waves of concurrent requests with log-probabilities (`test_bitwise_lossless.answers`).
+that needs the verify path ends them. The random tiny target and its drafts (proposals
+depend on context) in fp32, prefilled in chunks, two waves of concurrent requests with
+log-probabilities (`test_bitwise_lossless.answers`).
 """
 
 from __future__ import annotations
