@@ -840,3 +840,32 @@ def test_no_own_rate_probe_where_even_the_better_requests_would_not_pay() -> Non
     ):
         decisions = [policy.choose(1, ["new"]) for _ in range(40)]
         assert {(d.depth, d.reason) for d in decisions} <= {(0, "hold"), (0, "goodput")}
+
+
+def tail_of_three(**kw) -> GoodputPolicy:
+    """Three requests left in a batch: two that accept every draft token, one that has
+    nothing accepted; EAGLE pair timings on a 2-core CPU (a depth-1 step costs 1.15 plain
+    steps at batch 3)."""
+    policy = GoodputPolicy([0, 1], probe_every=10**9, **kw)
+    for b, plain, drafting in ((3, 0.100, 0.115), (1, 0.080, 0.090)):
+        for _ in range(policy.cost.min_samples + 1):  # the first is a warm-up
+            policy.cost.observe(b, 0, plain, PLAIN_CELL)
+            policy.cost.observe(b, 1, drafting)
+    for _ in range(60):
+        policy.observe_acceptance([1, 1, 0], 1, ["good", "also-good", "bad"])
+    return policy
+
+
+def test_no_request_is_drafted_for_slower_than_plain_decoding() -> None:
+    """Summed over the batch, drafting wins (the reference, with the guard off, drafts);
+    for the request that accepts nothing every step costs more for the same one token, so
+    the batch runs at depth 0 while it is in it, and drafts again once it has left."""
+    ids = ["good", "also-good", "bad"]
+    reference = tail_of_three(every_request_gains=False)
+    assert reference.goodput(3, 1, reference.batch_rates(3, ids)) > reference.goodput(3, 0)
+    assert reference.choose(3, ids).depth == 1
+    guarded = tail_of_three()
+    assert [guarded.choose(3, ids).depth for _ in range(5)] == [0] * 5
+    assert guarded.predicted_best(3, ids) == 0
+    alone = [guarded.choose(1, ["good"]).depth for _ in range(guarded.confirm_steps)]
+    assert alone[-1] == 1
