@@ -89,8 +89,9 @@ def main() -> None:
         sums: dict[str, BatchTime] = defaultdict(lambda: BatchTime(0.0))
         for round_ in sorted({key[1] for key in batches if key[0] == c}):
             here = {name: b for (cc, r, name), b in batches.items() if (cc, r) == (c, round_)}
-            ratio = here["plain"].wall / here["adaptive"].wall if {"plain", "adaptive"} <= set(here) else float("nan")  # fmt: skip
-            print(f"  round {round_}: plain / adaptive {ratio:.3f}")
+            if {"plain", "adaptive"} <= set(here):
+                ratio = here["plain"].wall / here["adaptive"].wall
+                print(f"  round {round_}: plain / adaptive {ratio:.3f}")
             for name, batch in sorted(here.items()):
                 print(f"    {name:9s} {batch.describe()}")
                 sums[name].absorb(batch)

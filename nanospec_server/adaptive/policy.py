@@ -462,11 +462,12 @@ class GoodputPolicy:
       rate, would decode slower than at depth 0 is priced below depth 0, by as much as
       that request loses (``every_request_gains``). Goodput sums the batch's tokens: it
       drafts for the requests that accept well at the cost of one that accepts nothing,
-      whose every step then costs a verify for its one token. On a CPU a step costs about the same at any batch
-      size, so the others finishing sooner gives that request none of its time back, and
-      in a batch that runs until its last reply ends, it sets the batch's wall time
-      (streamed batches of 8, the EAGLE pair: three requests left drafting for 71 steps,
-      one of them with nothing accepted, took 13% longer than plain decoding).
+      whose every step then costs a verify for its one token. On a CPU a step costs about
+      the same at any batch size, so the others finishing sooner gives that request none
+      of its time back, and in a batch that runs until its last reply ends, it sets the
+      batch's wall time (streamed batches of 8, the EAGLE pair: three requests left
+      drafting for 71 steps, one of them with nothing accepted, took 13% longer than plain
+      decoding).
     - It leaves depth 0 only if drafting wins back the draft's catch-up (the positions it
       missed there, at the measured cost per position) ``catch_up_margin`` times over the
       tokens the batch may still decode (``price_catch_up``): a STANDALONE draft that
@@ -621,10 +622,10 @@ class GoodputPolicy:
     def _each_request_gains(
         self, batch_size: int, predicted: dict[int, float], rates: Sequence[float]
     ) -> dict[int, float]:
-        """``predicted``, each drafting depth at which the request of the batch that accepts
-        least would decode slower than at depth 0 priced below depth 0 by as much as that
-        request loses there (``every_request_gains``): the hysteresis then takes the batch
-        to depth 0 as it does for any depth predicted below it, and keeps it there."""
+        """``predicted`` with each drafting depth at which the batch's least-accepting
+        request would decode slower than at depth 0 priced below depth 0, by the share of
+        its speed that request loses there (``every_request_gains``): the hysteresis then
+        moves the batch to depth 0 as for any depth predicted below it, and keeps it there."""
         if not self.every_request_gains or 0 not in predicted:
             return predicted
         least = [min(rates)]
