@@ -588,8 +588,7 @@ class GoodputPolicy:
                 return Decision(0, "explore-later", {})
             return Decision(depth, "explore", {})
         rates = self.batch_rates(batch_size, request_ids)
-        predicted = {k: self.goodput(batch_size, k, rates) for k in self.trusted(batch_size)}
-        predicted = self._each_request_gains(batch_size, predicted, rates)
+        predicted = self._predicted(batch_size, rates)
         shallowest = self.candidates[0]
         if batch_size > self.cost.largest_batch_timed(shallowest):
             # The fit cannot split a per-request cost between depths it has timed at
@@ -619,22 +618,21 @@ class GoodputPolicy:
             return Decision(self._neighbour(chosen), "probe", predicted)
         return Decision(chosen, reason, predicted)
 
-    def _each_request_gains(
-        self, batch_size: int, predicted: dict[int, float], rates: Sequence[float]
-    ) -> dict[int, float]:
-        """``predicted`` with each drafting depth at which the batch's least-accepting
-        request would decode slower than at depth 0 priced below depth 0, by the share of
-        its speed that request loses there (``every_request_gains``): the hysteresis then
-        moves the batch to depth 0 as for any depth predicted below it, and keeps it there."""
+    def _predicted(self, batch_size: int, rates: Sequence[float]) -> dict[int, float]:
+        """The goodput of each trusted depth for a batch accepting at ``rates``; each
+        drafting depth at which the batch's least-accepting request would decode slower
+        than at depth 0 priced below depth 0, by the share of its speed that request loses
+        there (``every_request_gains``): the hysteresis then moves the batch to depth 0 as
+        for any depth predicted below it, and keeps it there."""
+        predicted = {k: self.goodput(batch_size, k, rates) for k in self.trusted(batch_size)}
         if not self.every_request_gains or 0 not in predicted:
             return predicted
         least = [min(rates)]
         plain = self.goodput(batch_size, 0, least)
-        priced = dict(predicted)
-        for k in predicted:
+        for k in predicted:  # depth 0 keeps its own (its ratio is 1)
             if (ratio := self.goodput(batch_size, k, least) / plain) < 1:
-                priced[k] = min(predicted[k], predicted[0] * ratio)
-        return priced
+                predicted[k] = min(predicted[k], predicted[0] * ratio)
+        return predicted
 
     def _settle(self, best: int, predicted: dict[int, float], batch_size: int) -> tuple[int, str]:
         """Hysteresis: the settled depth holds unless ``best`` beats it by ``min_gain`` on
@@ -801,9 +799,7 @@ class GoodputPolicy:
             return fixed.depth
         if not self.cost.ready or self._explore_depth() is not None:
             return None
-        rates = self.batch_rates(batch_size, request_ids)
-        predicted = {k: self.goodput(batch_size, k, rates) for k in self.trusted(batch_size)}
-        return _argmax(self._each_request_gains(batch_size, predicted, rates))
+        return _argmax(self._predicted(batch_size, self.batch_rates(batch_size, request_ids)))
 
     def observe_step(self, record: StepRecord) -> None:
         if record.seconds is not None:
