@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,7 @@ class BatchTime:
 def split(run: Path) -> dict[tuple[int, int, str], BatchTime]:
     """(concurrency, round, server) -> its batch's time, for records that keep their start."""
     rows = sorted((r for log in run.glob("fwd.*") for r in read(log)), key=lambda r: r["start"])
+    starts = [row["start"] for row in rows]
     batches = {}
     for line in (run / "records.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -72,9 +74,8 @@ def split(run: Path) -> dict[tuple[int, int, str], BatchTime]:
         c, round_, name = record["key"].split("|")
         start, end = record["start_s"], record["start_s"] + record["wall_s"]
         batch = BatchTime(record["wall_s"])
-        for row in rows:
-            if start <= row["start"] <= end:
-                batch.add(row)
+        for row in rows[bisect_left(starts, start) : bisect_right(starts, end)]:
+            batch.add(row)
         batches[int(c), int(round_), name] = batch
     return batches
 
