@@ -32,6 +32,11 @@ pair start one after the other, and which starts first alternates by pair
     python benchmarks/load_table.py --pair default --out /tmp/load-default
     python benchmarks/load_table.py --pair eagle --out /tmp/load-eagle
     python benchmarks/load_table.py --out /tmp/load-eagle --report   # the table again
+    python benchmarks/load_table.py --out RUN1 --pool RUN2 RUN3 --report   # rounds pooled
+
+``--pool`` adds other runs' rounds to the report: one run's rows can sit ±5% from the next
+draw's, and only rounds pooled over runs (each with its own prompts and server processes)
+narrow that.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ PAIRS = {  # the speculative server's flags; the plain server serves its first t
     ),
 }
 SERVERS = ["plain", "adaptive", "fixed", "plain-2"]  # the table's rows per concurrency
+RUN_ROUNDS = 10_000  # pooled runs' rounds are numbered apart by this (more than a run holds)
 # Long-document categories make a round at c = 32 a prefill benchmark of minutes.
 SKIPPED_CATEGORIES = ("summarization", "rag")
 
@@ -138,6 +144,23 @@ def flush_cache(url: str) -> None:
         f"{url}/flush_cache", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60
     )
     response.raise_for_status()
+
+
+def read_records(run: Path) -> dict[str, dict]:
+    path = run / "records.jsonl"
+    if not path.exists():
+        return {}
+    return {r["key"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def pooled(runs: list[dict[str, dict]]) -> dict[str, dict]:
+    """Several runs' records as one run's: run i's round r becomes round i * RUN_ROUNDS + r."""
+    records = {}
+    for index, run in enumerate(runs):
+        for key, record in run.items():
+            c, round_, name = key.split("|")
+            records[f"{c}|{index * RUN_ROUNDS + int(round_)}|{name}"] = record
+    return records
 
 
 def tokens_per_s(record: dict) -> float:
@@ -224,16 +247,27 @@ def main() -> None:
     parser.add_argument("--max-total-tokens", type=int, default=16384)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--report", action="store_true", help="the table of --out's records")
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="RUN",
+        help="with --report: more runs' folders, their rounds pooled with --out's",
+    )
     args = parser.parse_args()
+    if args.pool and not args.report:
+        parser.error("--pool: only with --report (it reads runs, it runs nothing)")
+    if missing := [str(run) for run in args.pool if not (run / "records.jsonl").exists()]:
+        parser.error(f"--pool: no records.jsonl in {', '.join(missing)}")
     rounds_at = {int(c): int(n) for c, n in (item.split("=") for item in args.rounds_at)}
 
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "records.jsonl"
-    records = {}
-    if path.exists():
-        records = {r["key"]: r for r in map(json.loads, path.read_text().splitlines())}
+    records = read_records(args.out)
     if args.report:
-        print(table(records, args.concurrency))
+        runs = [records] + [read_records(run) for run in args.pool]
+        print(table(pooled(runs) if args.pool else records, args.concurrency))
         return
     spec = without_flag(PAIRS[args.pair](), "--max-total-tokens")
     limits = ["--max-total-tokens", str(args.max_total_tokens)]
