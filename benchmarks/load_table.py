@@ -266,8 +266,8 @@ def main() -> None:
     path = args.out / "records.jsonl"
     records = read_records(args.out)
     if args.report:
-        runs = [records] + [read_records(run) for run in args.pool]
-        print(table(pooled(runs) if args.pool else records, args.concurrency))
+        # one run pools to itself: run 0 keeps its round numbers
+        print(table(pooled([records, *map(read_records, args.pool)]), args.concurrency))
         return
     spec = without_flag(PAIRS[args.pair](), "--max-total-tokens")
     limits = ["--max-total-tokens", str(args.max_total_tokens)]
