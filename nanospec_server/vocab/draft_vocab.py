@@ -94,9 +94,9 @@ class DraftVocab(DynamicVocab):
     def _rows_changed(self) -> None:
         torch.index_select(self.draft_ids.token_of, 0, self.row_ids, out=self.row_token_ids)
 
-    def append(self, slots: Tensor, tokens: Tensor, valid: Tensor | None = None) -> None:
+    def _vocab_ids(self, tokens: Tensor) -> Tensor:
         draft = self.draft_ids.draft_id(tokens)
-        super().append(slots, torch.where(draft >= 0, draft, self.placeholder), valid)
+        return torch.where(draft >= 0, draft, self.placeholder)
 
     def contains(self, slots: Tensor, tokens: Tensor) -> Tensor:
         """Membership of token ids in I ∩ D (plus pinned draft ids) of each slot."""

@@ -6,6 +6,10 @@ Per step, the serving worker calls, for the requests of its batch (``slots``):
     vocab.refresh(slots)                 # incremental update of the packed head
     probs, ids = vocab.topk(hidden, row_slots, k)
 
+A step that does not draft (a depth-0 step) calls ``append_later`` instead: its append and
+refresh wait until something reads those windows or the packed head, and run then for every
+step that waited, in one pass (on a CPU).
+
 W_max has two levels: the live setting (``set_w_max``), and a request's own W_max
 (``set_request_w_max``, kept on the device per slot), which wins while the slot is held.
 
@@ -24,6 +28,8 @@ from nanospec_server.vocab.window import WindowState
 
 # Full windows the default union buffer holds (see default_union_capacity).
 UNION_WINDOWS = 8
+# Steps ``append_later`` queues before it applies them unasked.
+MAX_QUEUED = 64
 
 
 class DynamicVocab:
@@ -63,6 +69,8 @@ class DynamicVocab:
         self.live_w_max = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.request_w_max = torch.zeros(num_slots, dtype=torch.int64, device=self.device)
         self._side_stream, self._refreshed = None, None
+        # Appends queued by ``append_later``, in order: (slots [B], ids [B, C], valid [B, C]).
+        self._queued: list[tuple[Tensor, Tensor, Tensor]] = []
         self.set_w_max(w_max)
         max_batch = max_batch if max_batch is not None else max(num_slots - 1, 1)
         self.window = WindowState(vocab_size, w_cap, num_slots, self.device)
@@ -108,6 +116,7 @@ class DynamicVocab:
     def reset(self, slots: Tensor) -> None:
         self._wait_for_refresh()
         slots = slots.to(self.device, torch.int64).contiguous()
+        self._drop_queued(slots)  # their streams are forgotten: nothing to apply
         if self._cpu is not None:
             self.head.record_dropped(self._cpu.refresh(slots, self.w_max, release=True))
             torch.clamp(self.head.ids, min=0, out=self.row_ids)
@@ -119,21 +128,75 @@ class DynamicVocab:
 
     def append(self, slots: Tensor, tokens: Tensor, valid: Tensor | None = None) -> None:
         self._wait_for_refresh()
-        slots, tokens = slots.to(self.device, torch.int64), tokens.to(self.device)
+        slots, ids, valid = self._append_args(slots, tokens, valid)
+        self.settle(slots)  # a slot's queued entries come first in its stream
+        self._write(slots, ids, valid)
+
+    def append_later(self, slots: Tensor, tokens: Tensor, valid: Tensor | None = None) -> None:
+        """``append`` then ``refresh`` of these slots, run at the latest when something
+        reads their windows or the packed head (``settle``). The steps that do not draft
+        leave their entries here: of a long run of them, most of a window's refreshes would
+        be read by nothing, and on a CPU one append and one refresh over many steps cost
+        about what one step's do (each scans the window once). Elsewhere: at once."""
+        if self._cpu is None:
+            self.append(slots, tokens, valid)
+            self.refresh(slots)
+            return
+        self._queued.append(self._append_args(slots, tokens, valid))
+        if len(self._queued) >= MAX_QUEUED:  # bounded host memory between reads
+            self.settle()
+
+    def settle(self, slots: Tensor | None = None) -> None:
+        """Apply the queued appends of these slots (None: of every slot), in the order
+        they came, and refresh those slots. Every read of a window or of the packed head
+        calls this first, so a queued append is never seen half-applied."""
+        if not self._queued:
+            return
+        queued_slots, ids, valid = _merged(self._queued)
+        take = None if slots is None else torch.isin(queued_slots, slots.to(self.device))
+        if take is not None and not bool(take.any()):
+            self._queued = [(queued_slots, ids, valid)]
+            return
+        self._queued = []
+        if take is not None and not bool(take.all()):
+            self._queued = [(queued_slots[~take], ids[~take], valid[~take])]
+            queued_slots, ids, valid = queued_slots[take], ids[take], valid[take]
+        # The C++ append applies rows one after another: a slot's rows, in queue order.
+        self._write(queued_slots, ids, valid)
+        self._refresh_now(queued_slots.unique())
+
+    def _drop_queued(self, slots: Tensor) -> None:
+        if not self._queued:
+            return
+        queued_slots, ids, valid = _merged(self._queued)
+        keep = ~torch.isin(queued_slots, slots)
+        self._queued = [(queued_slots[keep], ids[keep], valid[keep])] if bool(keep.any()) else []
+
+    def _append_args(
+        self, slots: Tensor, tokens: Tensor, valid: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(slots, vocabulary ids, valid) on the device, slot 0's entries masked."""
+        slots = slots.to(self.device, torch.int64).contiguous()
+        ids = self._vocab_ids(tokens.to(self.device))
+        valid = torch.ones_like(ids, dtype=torch.bool) if valid is None else _to(valid, self.device)
         # Slot 0 is padding (and requests that got no slot): its window stays empty.
-        valid = (
-            torch.ones_like(tokens, dtype=torch.bool) if valid is None else _to(valid, self.device)
-        )
-        valid = valid & (slots != 0).unsqueeze(1)
+        return slots, ids, valid & (slots != 0).unsqueeze(1)
+
+    def _vocab_ids(self, tokens: Tensor) -> Tensor:
+        """Token ids as this vocabulary's ids (the same here; ``DraftVocab`` maps them)."""
+        return tokens
+
+    def _write(self, slots: Tensor, ids: Tensor, valid: Tensor) -> None:
         if self._cpu is not None:
-            self._cpu.append(slots.contiguous(), tokens, valid)
+            self._cpu.append(slots, ids, valid)
         else:
-            self.window.append(slots, tokens, valid)
+            self.window.append(slots, ids, valid)
 
     def set_w_max(self, w: int) -> None:
         """The live W_max: every slot without a W_max of its own, from its next refresh."""
         if not 1 <= w <= self.w_cap:
             raise ValueError(f"w_max must be in [1, {self.w_cap}], got {w}")
+        self.settle()  # queued appends refresh as they would have, before the change
         self.w_max = int(w)
         self._wait_for_refresh()  # a pending refresh reads the old value
         self.live_w_max.fill_(self.w_max)
@@ -145,7 +208,9 @@ class DynamicVocab:
         if bad:
             raise ValueError(f"a slot's w_max must be in [0, {self.w_cap}], got {bad[0]}")
         values = torch.tensor(list(w_max), dtype=torch.int64)
-        self.request_w_max[slots.to(self.device, torch.int64)] = values.to(self.device)
+        slots = slots.to(self.device, torch.int64)
+        self.settle(slots)
+        self.request_w_max[slots] = values.to(self.device)
 
     def w_max_of(self, slots: Tensor) -> Tensor:
         """[B] the W_max in force for each slot: its own, else the live one (device op)."""
@@ -160,6 +225,10 @@ class DynamicVocab:
         fork/join is plain stream/event ordering, so it can be captured in a CUDA graph.
         """
         slots = slots.to(self.device, torch.int64).contiguous()
+        self.settle(slots)
+        self._refresh_now(slots)
+
+    def _refresh_now(self, slots: Tensor) -> None:
         if self._side_stream is None:
             if self._cpu is not None:
                 self.head.record_dropped(self._cpu.refresh(slots, self.w_max_of(slots)))
@@ -195,6 +264,7 @@ class DynamicVocab:
         On CUDA one fused kernel multiplies, masks and selects over the row tiles below the
         device-side count only, with fixed shapes (graphs); no [N, capacity] logits exist.
         """
+        self.settle()
         self._wait_for_refresh()
         head = self.head
         # CPU: slice to the live rows (reading the count is free there). CUDA: fixed shapes.
@@ -223,6 +293,7 @@ class DynamicVocab:
         caller's top-k has k columns even when an active set is smaller than k. Waits for
         a pending refresh.
         """
+        self.settle()
         self._wait_for_refresh()
         live = self.head.capacity if self.static_shapes else int(self.head.count)
         rows = min(max(live, min_rows), self.head.capacity)
@@ -233,6 +304,7 @@ class DynamicVocab:
         buffer, e.g. from ``packed_rows``), -inf past the live count. On CUDA the Triton
         kernel reads only the rows below the device-side count, so a fixed-shape (graph)
         caller multiplies the live union, not the capacity."""
+        self.settle()
         logits = ops.packed_logits(hidden, rows, self.head.count)
         self._note_rows_read(rows)
         return logits
@@ -243,6 +315,7 @@ class DynamicVocab:
 
     def mask_logits_(self, logits: Tensor, row_slots: Tensor) -> Tensor:
         """In place: -inf wherever a packed row is not in that logits row's active set."""
+        self.settle()
         ids = self.head.ids[: logits.shape[1]]
         return logits.masked_fill_(~self._allowed(ids, row_slots), float("-inf"))
 
@@ -267,6 +340,7 @@ class DynamicVocab:
     def active_size(self, slots: Tensor) -> Tensor:
         """|I| per slot: distinct tokens of the current window, plus always-active ones."""
         slots = slots.to(self.device, torch.int64)
+        self.settle(slots)
         w_max = self.w_max_of(slots)
         _, in_window = self.window.window_tokens(slots, w_max)
         size = in_window.sum(1)
@@ -277,11 +351,14 @@ class DynamicVocab:
         return size
 
     def stream_length(self, slots: Tensor) -> Tensor:
-        return self.window.length[slots.to(self.device, torch.int64)].clone()
+        slots = slots.to(self.device, torch.int64)
+        self.settle(slots)
+        return self.window.length[slots].clone()
 
     def contains(self, slots: Tensor, tokens: Tensor) -> Tensor:
         """Membership of ``tokens[b, :]`` in the current active set of ``slots[b]``."""
         slots, tokens = slots.to(self.device, torch.int64), tokens.to(self.device, torch.int64)
+        self.settle(slots)
         found = self.window.contains(slots, tokens, self.w_max_of(slots))
         if self.always_active:
             found |= torch.isin(tokens, torch.tensor(self.always_active, device=self.device))
@@ -290,6 +367,7 @@ class DynamicVocab:
     def overflow_stats(self) -> dict[str, int]:
         """Tokens not admitted to a full union buffer, and refreshes where that happened
         (reads device counters: for statistics, not the step)."""
+        self.settle()
         return {
             "tokens_not_admitted": int(self.head.dropped),
             "overflows": int(self.head.overflows),
@@ -298,6 +376,7 @@ class DynamicVocab:
     def usage(self) -> dict[str, int]:
         """Packed-head rows in use now and with no request running (the pinned ones), and
         the bytes of one row (reads a device counter: for statistics, not the step)."""
+        self.settle()
         head = self.head
         return {
             "union_rows_in_use": int(head.count),
@@ -344,6 +423,17 @@ class DynamicVocab:
     def _wait_for_refresh(self) -> None:
         if self._refreshed is not None:
             torch.cuda.current_stream(self.device).wait_event(self._refreshed)
+
+
+def _merged(queued: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+    """Queued appends as one batch of rows, in queue order (columns padded, invalid)."""
+    if len(queued) == 1:
+        return queued[0]
+    width = max(ids.shape[1] for _, ids, _ in queued)
+    slots = torch.cat([s for s, _, _ in queued])
+    ids = torch.cat([torch.nn.functional.pad(i, (0, width - i.shape[1])) for _, i, _ in queued])
+    valid = torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for _, _, v in queued])
+    return slots, ids, valid
 
 
 def _to(tensor: Tensor | None, device: torch.device) -> Tensor | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 import requests
 
+from nanospec_server.config import NanoSpecConfig
 from nanospec_server.launch.server import generate, speculative_flags
 from tests.serving.test_adaptive_lossless import adaptive_stats, change_settings
 from tests.serving.test_bitwise_lossless import CHUNKED, PROMPTS, answers
@@ -77,6 +78,7 @@ class Runs:
     drafting mid-request, chosen by the policy, then a request that needs the verify path
     at depth 0 (top-k log-probabilities), with /stats/vocab's adaptive block around it."""
 
+    kind: str
     pinned: list
     at_zero: dict
     one: dict
@@ -109,7 +111,7 @@ def runs(request, serve) -> Runs:
         before_top_k = adaptive_stats(url)
         top_k = requests.post(f"{url}/generate", json=TOP_K_BODY, timeout=600).json()
         after_top_k = adaptive_stats(url)
-    return Runs(pinned, at_zero, one, flipped, chosen, stats, totals, before_top_k, top_k,
+    return Runs(request.param, pinned, at_zero, one, flipped, chosen, stats, totals, before_top_k, top_k,
                 after_top_k)  # fmt: skip
 
 
@@ -129,6 +131,16 @@ def test_depth_zero_runs_the_plain_decode_path_bit_identically(plain_answers, ru
     assert record["emitted_tokens"] == record["plain_steps"], record
     assert record["draft_steps"] == 0 and record["drafted_tokens"] == 0, record
     assert record["plain_steps"] == one["meta_info"]["spec_verify_ct"], record
+    # Its window got the prompt, then each plain step's token and top-K_ver, once: the
+    # entries plain steps leave for the next read were all applied by the last snapshot.
+    # (EAGLE-3 takes a top-K_pre in the target's prefill, at the positions it computed;
+    # the others defer theirs to a first drafting step, which never came.)
+    config = NanoSpecConfig()
+    prefill = len(PROMPTS[3])
+    if runs.kind.startswith("eagle3"):
+        prefill += config.k_pre * (len(PROMPTS[3]) - one["meta_info"]["cached_tokens"])
+    plain = record["plain_steps"] * (1 + config.k_ver)
+    assert record["stream_length"] == prefill + plain, record
 
     # Switched between plain steps and drafting mid-request, and chosen by the policy.
     assert_bitwise(plain_answers, runs.flipped)

@@ -1,8 +1,9 @@
 """Property tests: DynamicVocab against the naive definition (tests/vocab/vocab_oracle.py).
 
-Random batches of appends (with masks), refreshes, resets (slot reuse), live W_max
-changes and per-slot W_max (a request's own, 0: back to the live one) over a few slots; after every refresh the active sets, the union buffer, the statistics
-and topk must agree with the oracle.
+Random batches of appends (with masks; some with their refresh left for the next read,
+`append_later`), refreshes, resets (slot reuse), live W_max changes and per-slot W_max (a
+request's own, 0: back to the live one) over a few slots; after every refresh the active
+sets, the union buffer, the statistics and topk must agree with the oracle.
 """
 
 import pytest
@@ -24,9 +25,13 @@ def operation(w_cap: int):
     slots = st.lists(st.integers(1, SLOTS - 1), min_size=1, max_size=3, unique=True)
     rows = st.integers(0, 2 * w_cap)
     append = st.tuples(st.just("append"), slots, rows, st.data())
+    # An append whose refresh waits for the next read (a depth-0 step's).
+    append_later = st.tuples(st.just("append_later"), slots, rows, st.data())
     return st.one_of(
         append,
         append,
+        append_later,
+        append_later,
         st.tuples(st.just("refresh"), slots),
         st.tuples(st.just("reset"), slots),
         st.tuples(st.just("w_max"), st.integers(1, w_cap)),
@@ -82,7 +87,7 @@ def run_scenario(scenario, seed, device="cpu", static_shapes=None):
     naive = NaiveVocab(w_max, pinned)
     for op in ops:
         kind, *args = op
-        if kind == "append":
+        if kind in ("append", "append_later"):
             slots, length, data = args
             tokens = data.draw(
                 st.lists(
@@ -100,9 +105,12 @@ def run_scenario(scenario, seed, device="cpu", static_shapes=None):
             )
             tokens_t = torch.tensor(tokens, dtype=torch.int64).view(len(slots), length)
             valid_t = torch.tensor(valid, dtype=torch.bool).view(len(slots), length)
-            vocab.append(torch.tensor(slots), tokens_t, valid_t)
+            append = vocab.append if kind == "append" else vocab.append_later
+            append(torch.tensor(slots), tokens_t, valid_t)
             for slot, row, mask in zip(slots, tokens, valid, strict=True):
                 naive.append(slot, [t for t, keep in zip(row, mask, strict=True) if keep])
+                if kind == "append_later":
+                    naive.refresh(slot)
         elif kind == "refresh":
             vocab.refresh(torch.tensor(args[0]))
             for slot in args[0]:
@@ -127,4 +135,5 @@ def run_scenario(scenario, seed, device="cpu", static_shapes=None):
         else:
             slots, k = args
             check_topk(vocab, naive, slots, k, seed)
-        check_contains(vocab, naive, list(range(SLOTS)))
+        if kind != "append_later":  # a read: queued appends would not outlive it
+            check_contains(vocab, naive, list(range(SLOTS)))

@@ -14,6 +14,7 @@ from nanospec_server.vocab import DynamicVocab
 def check_state(vocab: DynamicVocab, naive: NaiveVocab, slots: list[int]) -> None:
     """Window sets, union buffer invariants and statistics agree with the oracle."""
     index = torch.tensor(slots)
+    vocab.settle()  # the window state below is read directly
     members = vocab.window.members[index.to(vocab.device), : vocab.w_cap].cpu()
     for row, slot in enumerate(slots):
         drafted = {int(t) for t in members[row] if t >= 0} | naive.always_active

@@ -288,10 +288,13 @@ class NanoSpecRuntime:
             self._record_verify(pool_slots, slots, batch_result, depth)
         rids = [req.rid for req in batch.reqs]
         if candidates is not None and self._appends_while_decoding():
-            appended = self._append_step(slots, candidates, rids, batch.seq_lens)
+            # A plain step's entries wait for the next read of the window (a drafting step,
+            # a snapshot): most runs of plain steps end without one.
+            appended = self._append_step(slots, candidates, rids, batch.seq_lens, later=plain)
             if self.deferring:
                 self._count_after_prompt(batch.reqs, appended)
-            self.vocab.refresh(slots)
+            if not plain:
+                self.vocab.refresh(slots)
         elif candidates is not None and self.vocab is None and self.recorder is not None:
             self._append_step(slots, candidates, rids, batch.seq_lens)  # recorded only
 
@@ -308,16 +311,23 @@ class NanoSpecRuntime:
         self.stats.record_verify(pool_slots, accept_lens, covered, active, in_head.sum(1), depth)
 
     def _append_step(
-        self, slots: Tensor, candidates: VerifyCandidates, rids: list[str], roots: Tensor
+        self,
+        slots: Tensor,
+        candidates: VerifyCandidates,
+        rids: list[str],
+        roots: Tensor,
+        later: bool = False,
     ) -> Tensor:
-        """Appends a step's entries; returns how many each request got."""
+        """Appends a step's entries (``later``: with their refresh, when next read,
+        ``DynamicVocab.append_later``); returns how many each request got."""
         # Order within a step (it decides eviction): the draft tree, root first, then the
         # verify top-K_ver position by position, rank by rank. Later entries live longer.
         top = candidates.top_tokens.flatten(1)
         tokens = torch.cat([candidates.tree_tokens.to(torch.int64), top], dim=1)
         tree_valid = torch.ones_like(candidates.tree_tokens, dtype=torch.bool)
         valid = torch.cat([tree_valid, candidates.top_valid.flatten(1)], dim=1)
-        self._append(slots, tokens, valid, rids, "step", roots, candidates.tree_tokens.shape[1])
+        tree_size = candidates.tree_tokens.shape[1]
+        self._append(slots, tokens, valid, rids, "step", roots, tree_size, later)
         return valid.sum(1)
 
     def _append(
@@ -329,8 +339,11 @@ class NanoSpecRuntime:
         kind: str,
         roots: Tensor | None = None,
         tree_size: int | None = None,
+        later: bool = False,
     ) -> None:
-        if self.vocab is not None:  # without one (full, static) the step is only recorded
+        if self.vocab is not None and later:
+            self.vocab.append_later(slots, tokens, valid)
+        elif self.vocab is not None:  # without one (full, static) the step is only recorded
             self.vocab.append(slots, tokens, valid)
         if self.recorder is not None:
             positions = roots.tolist() if roots is not None else None
