@@ -2,7 +2,10 @@
 the system C++ compiler.
 
 The sources have no torch headers, so they build in a few seconds; the shared library is
-cached by source hash under ``$NANOSPEC_CACHE`` (default ``~/.cache/nanospec``) and called
+built for the host's CPU (``-march=native``: the top-k pass reads a step's logits at about
+the speed of memory only with the wider vector units), cached by the hash of the sources and
+of the CPU's feature flags under ``$NANOSPEC_CACHE`` (default ``~/.cache/nanospec``), so a
+cache shared by hosts of different CPUs never hands one the other's build, and called
 through ctypes. State tensors never move, so their pointers are taken once.
 """
 
@@ -10,6 +13,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +26,9 @@ from nanospec_server.ops.build import KERNEL_DIR
 from nanospec_server.ops.w_max import w_max_per_row
 
 SOURCES = (KERNEL_DIR / "vocab_cpu.cpp", KERNEL_DIR / "topk_cpu.cpp")
+# The pass is bound by memory: starting a thread costs more than it saves below this many
+# rows (a 152k vocabulary on 2 cores: one thread beat two at 16 and 32 rows).
+ROWS_PER_THREAD = 64
 
 
 @functools.cache
@@ -29,7 +36,8 @@ def library() -> ctypes.CDLL:
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if compiler is None:
         raise FileNotFoundError("no C++ compiler")
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES)).hexdigest()[:16]
+    content = b"".join(path.read_bytes() for path in SOURCES) + _cpu_features()
+    digest = hashlib.sha256(content).hexdigest()[:16]
     cache = Path(raw if (raw := cache_env()) is not None else Path.home() / ".cache" / "nanospec")
     target = cache / f"cpu_kernels-{digest}.so"
     if not target.exists():
@@ -37,13 +45,28 @@ def library() -> ctypes.CDLL:
         partial = target.with_suffix(f".{os.getpid()}.tmp")  # atomic for concurrent builds
         sources = [str(path) for path in SOURCES]
         command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", *sources, "-o"]
-        subprocess.run([*command, str(partial)], check=True, capture_output=True)
+        native = [*command[:2], "-march=native", *command[2:]]
+        try:
+            subprocess.run([*native, str(partial)], check=True, capture_output=True)
+        except subprocess.CalledProcessError:  # a compiler without -march=native
+            subprocess.run([*command, str(partial)], check=True, capture_output=True)
         partial.rename(target)
     lib = ctypes.CDLL(str(target))
     lib.nanospec_append.restype = ctypes.c_int64
     lib.nanospec_refresh.restype = ctypes.c_int64
     lib.nanospec_topk_rows.restype = None
     return lib
+
+
+def _cpu_features() -> bytes:
+    """What a native build depends on: the CPU's feature flags (Linux), else its name."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.encode()
+    except OSError:
+        pass
+    return platform.machine().encode() + platform.processor().encode()
 
 
 def _ptr(tensor: Tensor) -> ctypes.c_void_p:
@@ -104,7 +127,8 @@ def topk_rows(logits: Tensor, k: int, nan_rows: Tensor | None = None) -> Tensor:
     bfloat16 matrix: descending value, the lowest index first among equal values, NaN
     never among them (a row with fewer than k entries above -inf gets the lowest indices
     not taken). ``nan_rows`` (bool [rows], when given) is set to which rows hold a NaN, in
-    the same pass. Rows are split among torch's intra-op threads."""
+    the same pass. Rows are split among torch's intra-op threads, ``ROWS_PER_THREAD`` or
+    more each."""
     rows, cols = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -115,7 +139,8 @@ def topk_rows(logits: Tensor, k: int, nan_rows: Tensor | None = None) -> Tensor:
     library().nanospec_topk_rows(
         _ptr_any(logits), _int(rows), _int(cols), _int(logits.stride(0)), _int(k),
         ctypes.c_bool(logits.dtype == torch.bfloat16), _ptr(out),
-        None if nan_rows is None else _ptr(nan_rows), _int(torch.get_num_threads()),
+        None if nan_rows is None else _ptr(nan_rows),
+        _int(max(1, min(torch.get_num_threads(), rows // ROWS_PER_THREAD))),
     )  # fmt: skip
     return out
 
