@@ -94,15 +94,15 @@ class DraftCatchUp:
 
     def drafted(self, slots: Tensor) -> None:
         """The draft wrote these KV slots along with the target."""
-        self.valid[slots.to(torch.int64)] = True
+        self.valid.index_fill_(0, slots.to(torch.int64), True)
 
     def missed(self, batch, slots: Tensor, next_tokens: Tensor, hidden: Tensor | None) -> None:
         """The target alone wrote these slots (a depth-0 step), one per request of the batch,
         and decoded ``next_tokens`` after them; ``hidden``: the target's hidden states
         there."""
         slots = slots.to(torch.int64)
-        self.valid[slots] = False
-        self.rotated[slots] = next_tokens.to(torch.int64)
+        self.valid.index_fill_(0, slots, False)
+        self.rotated.index_copy_(0, slots, next_tokens.to(torch.int64))
         self._keep_hidden(slots, hidden)
 
     def missed_prefill(self, batch, tails: Tensor, hidden: Tensor | None = None) -> None:
@@ -113,8 +113,8 @@ class DraftCatchUp:
         last = torch.tensor(batch.extend_lens, device=rotated.device).cumsum(0) - 1
         rotated[last] = tails.to(rotated.dtype)
         slots = batch.out_cache_loc.to(torch.int64)
-        self.valid[slots] = False
-        self.rotated[slots] = rotated.to(torch.int64)
+        self.valid.index_fill_(0, slots, False)
+        self.rotated.index_copy_(0, slots, rotated.to(torch.int64))
         self._keep_hidden(slots, hidden)
 
     def hidden_complete(self, hidden: Tensor | None, count: int) -> bool:
@@ -126,13 +126,15 @@ class DraftCatchUp:
         if not self.keeps_hidden:
             return
         if not self.hidden_complete(hidden, slots.shape[0]):
-            self.has_hidden[slots] = False
+            self.has_hidden.index_fill_(0, slots, False)
             return
         if self.hidden is None:
             shape = (self.num_slots, *hidden.shape[1:])
             self.hidden = torch.empty(shape, dtype=hidden.dtype, device=hidden.device)
-        self.hidden[slots] = hidden
-        self.has_hidden[slots] = True
+        # index_copy_ / index_fill_: a tenth of what indexed assignment costs on a CPU
+        # (its generic index_put_), on every depth-0 step; a step's slots are distinct.
+        self.hidden.index_copy_(0, slots, hidden.to(self.hidden.dtype))
+        self.has_hidden.index_fill_(0, slots, True)
 
     def _draft_inputs(self, slots: Tensor, own_next: list[int]) -> Tensor:
         """The tokens the draft is fed at these slots (rotated): where the draft's KV is

@@ -112,6 +112,9 @@ class RequestStats:
     def __init__(self, num_slots: int, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.counters = torch.zeros(num_slots, NUM_COUNTERS, dtype=torch.int64, device=device)
+        # What one plain step adds to a request's counters (one index_add_ a step).
+        self.plain_step_row = torch.zeros(1, NUM_COUNTERS, dtype=torch.int64, device=device)
+        self.plain_step_row[0, [PLAIN_STEPS, EMITTED]] = 1
         self.timer = StepTimer(num_slots, enabled=device.type == "cpu")
         self.running: dict[str, RunningRequest] = {}
         self.finished: OrderedDict[str, dict] = OrderedDict()
@@ -149,8 +152,7 @@ class RequestStats:
 
     def record_plain(self, slots: Tensor) -> None:
         """One depth-0 step on the plain decode path: one token each, nothing drafted."""
-        self.counters[slots, PLAIN_STEPS] += 1
-        self.counters[slots, EMITTED] += 1
+        self.counters.index_add_(0, slots, self.plain_step_row.expand(len(slots), -1))
 
     def record_catch_up(self, slots: Tensor, tokens: Tensor) -> None:
         """Tokens the draft ran over to catch up on these requests' depth-0 steps."""
