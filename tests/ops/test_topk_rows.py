@@ -54,6 +54,24 @@ def test_topk_rows_matches_a_stable_sort(case):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_split_among_threads_match_one_thread(dtype):
+    """Enough rows that the kernel splits them among threads, with NaN rows flagged."""
+    rows = 3 * cpu_kernels.ROWS_PER_THREAD + 5
+    logits = torch.randint(-8, 8, (rows, 333), generator=torch.Generator().manual_seed(3))
+    logits = logits.float().to(dtype)
+    logits[7, 11] = float("nan")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        nan_rows = torch.empty(rows, dtype=torch.bool)
+        split = cpu_kernels.topk_rows(logits, 4, nan_rows)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(split, reference(logits, 4))
+    assert nan_rows.nonzero().flatten().tolist() == [7]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_topk_indices_gives_the_values_torch_topk_gives_over_a_vocabulary(dtype):
     logits = torch.randn(9, 151_936).to(dtype)
     ours = ops.topk_indices(logits, 3)
