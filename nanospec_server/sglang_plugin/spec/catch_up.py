@@ -131,8 +131,8 @@ class DraftCatchUp:
         if self.hidden is None:
             shape = (self.num_slots, *hidden.shape[1:])
             self.hidden = torch.empty(shape, dtype=hidden.dtype, device=hidden.device)
-        # index_copy_ / index_fill_: a tenth of what indexed assignment costs on a CPU
-        # (its generic index_put_), on every depth-0 step; a step's slots are distinct.
+        # index_copy_ / index_fill_ rather than indexed assignment (the generic index_put_,
+        # dearer on a CPU), on every depth-0 step; a step's slots are distinct.
         self.hidden.index_copy_(0, slots, hidden.to(self.hidden.dtype))
         self.has_hidden.index_fill_(0, slots, True)
 
