@@ -116,7 +116,7 @@ class DynamicVocab:
     def reset(self, slots: Tensor) -> None:
         self._wait_for_refresh()
         slots = slots.to(self.device, torch.int64).contiguous()
-        self._drop_queued(slots)  # their streams are forgotten: nothing to apply
+        self._take_queued(slots)  # their streams are forgotten: nothing to apply
         if self._cpu is not None:
             self.head.record_dropped(self._cpu.refresh(slots, self.w_max, release=True))
             torch.clamp(self.head.ids, min=0, out=self.row_ids)
@@ -150,27 +150,27 @@ class DynamicVocab:
         """Apply the queued appends of these slots (None: of every slot), in the order
         they came, and refresh those slots. Every read of a window or of the packed head
         calls this first, so a queued append is never seen half-applied."""
-        if not self._queued:
+        if (taken := self._take_queued(slots)) is None:
             return
-        queued_slots, ids, valid = _merged(self._queued)
-        take = None if slots is None else torch.isin(queued_slots, slots.to(self.device))
-        if take is not None and not bool(take.any()):
-            self._queued = [(queued_slots, ids, valid)]
-            return
-        self._queued = []
-        if take is not None and not bool(take.all()):
-            self._queued = [(queued_slots[~take], ids[~take], valid[~take])]
-            queued_slots, ids, valid = queued_slots[take], ids[take], valid[take]
+        queued_slots, ids, valid = taken
         # The C++ append applies rows one after another: a slot's rows, in queue order.
         self._write(queued_slots, ids, valid)
         self._refresh_now(queued_slots.unique())
 
-    def _drop_queued(self, slots: Tensor) -> None:
+    def _take_queued(self, slots: Tensor | None) -> tuple[Tensor, Tensor, Tensor] | None:
+        """Remove the queued rows of these slots (None: of every slot) from the queue and
+        return them, in queue order; None if it held none."""
         if not self._queued:
-            return
+            return None
         queued_slots, ids, valid = _merged(self._queued)
-        keep = ~torch.isin(queued_slots, slots)
-        self._queued = [(queued_slots[keep], ids[keep], valid[keep])] if bool(keep.any()) else []
+        take = torch.ones_like(queued_slots, dtype=torch.bool)
+        if slots is not None:
+            take = torch.isin(queued_slots, slots.to(self.device))
+        rest = ~take
+        self._queued = [(queued_slots[rest], ids[rest], valid[rest])] if bool(rest.any()) else []
+        if not bool(take.any()):
+            return None
+        return queued_slots[take], ids[take], valid[take]
 
     def _append_args(
         self, slots: Tensor, tokens: Tensor, valid: Tensor | None
