@@ -137,18 +137,17 @@ def set_adaptive(url: str, on: bool) -> None:
     response.raise_for_status()
 
 
-def flush_cache(url: str, attempts: int = 50) -> None:
+def flush_cache(url: str) -> None:
     """Empty the speculative server's radix cache: the second of its rows in a round would
     otherwise find the round's prompts cached by the first and skip their prefill. SGLang
     refuses (400) while a request is still in its scheduler, which a reply the client has
-    read can be for a step or two: asked again a moment later."""
-    for attempt in range(attempts):
-        response = requests.post(
-            f"{url}/flush_cache", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60
-        )
-        if response.status_code != 400 or attempt == attempts - 1:
-            break
-        time.sleep(0.2)
+    read can be for a step or two: its ``timeout`` waits for the scheduler to idle."""
+    response = requests.post(
+        f"{url}/flush_cache",
+        params={"timeout": 30},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        timeout=60,
+    )
     response.raise_for_status()
 
 
