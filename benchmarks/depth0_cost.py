@@ -6,12 +6,16 @@ of ``b`` greedy requests to each in turn (the order alternating), ``--rounds`` t
 each batch size. A step's wall time is read the same way on both: the client-side interval
 between successive streamed chunks of a request while the whole batch decodes (one token
 per request per step on both servers), median over requests and steps. Per batch size:
-the median ratio over rounds and its bootstrap 95% interval. The adaptive server's own
+the median ratio over rounds and its bootstrap 95% interval. ``--sessions N`` splits the
+rounds among N pairs of freshly started servers (the start order alternating by pair), so
+that the interval holds the draw of the server processes too: one pair's rounds share
+one draw, which on a 2-core host moves a server's step time by several percent. The adaptive server's own
 `/stats/vocab` step timings (``adaptive.recent_steps``) and the path its steps took are
 printed beside it. Each server runs in the dtype `nanospec serve` picks on the host.
 
     python benchmarks/depth0_cost.py --pair default --rounds 10   # 1.5B + STANDALONE 0.5B
     python benchmarks/depth0_cost.py --pair eagle --rounds 10     # 0.5B + its EAGLE head
+    python benchmarks/depth0_cost.py --pair eagle --rounds 12 --sessions 3   # three pairs
     # SGLang's depth-0 step (a one-node verify) against plain decoding, for comparison:
     python benchmarks/depth0_cost.py --pair eagle --adaptive-flags \
         --nanospec-adaptive-verify-depth-0
@@ -91,30 +95,18 @@ def path_counts(stats: dict, b: int) -> str:
     return ", ".join(f"{n} {p}" for p, n in sorted(paths.items())) or "none"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pair", choices=sorted(PAIRS), default="eagle")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16])
-    parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--adaptive-flags", nargs=argparse.REMAINDER, default=[])
-    args = parser.parse_args()
-
-    admin_key = "depth0-cost-admin-key-0123456789"
-    spec = PAIRS[args.pair]()
-    limits = ["--max-total-tokens", "16384", "--admin-api-key", admin_key]
-    plain = spec[:2] + limits  # the target alone
-    adaptive = spec + limits + ["--nanospec-adaptive", *args.adaptive_flags]
-    logs = Path(tempfile.mkdtemp(prefix="depth0-cost-"))
-    servers = {"plain": (plain, logs / "plain.log"), "depth0": (adaptive, logs / "a.log")}
-    print(" ".join(["adaptive:", *adaptive]), flush=True)
+def session_ratios(
+    servers: dict[str, tuple[list[str], Path]], args: argparse.Namespace, admin_key: str
+) -> dict[int, list[float]]:
+    """One pair of fresh servers: per batch size, the depth-0 / plain ratio of each of
+    its rounds (``args.rounds_per_session`` of them)."""
+    ratios: dict[int, list[float]] = {b: [] for b in args.batch_sizes}
     with running_servers(servers, one_at_a_time=True) as urls:
         set_settings(urls["depth0"], admin_key, {"adaptive_depth": 0})
         texts = prompts(max(args.batch_sizes))
         print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
         for b in args.batch_sizes:
-            ratios = []
-            for round_ in range(args.rounds):
+            for round_ in range(args.rounds_per_session):
                 order = ["plain", "depth0"] if round_ % 2 == 0 else ["depth0", "plain"]
                 ms = {
                     name: batch_step_ms(urls[name], texts[:b], args.max_new_tokens)
@@ -133,14 +125,48 @@ def main() -> None:
                     f"(server's own depth-0 step_ms median {own_ms:.1f}; {path_counts(stats, b)})",
                     flush=True,
                 )
-                ratios.append(ms["depth0"] / ms["plain"])
-            median, low, high = bootstrap_median(ratios)
-            print(
-                f"b={b:2d}: depth-0 / plain median {median:.3f} over {args.rounds} rounds, "
-                f"95% interval [{low:.3f}, {high:.3f}]",
-                flush=True,
-            )
+                ratios[b].append(ms["depth0"] / ms["plain"])
         print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    return ratios
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="eagle")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16])
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--sessions", type=int, default=1, help="fresh server pairs the rounds are split among"
+    )
+    parser.add_argument("--adaptive-flags", nargs=argparse.REMAINDER, default=[])
+    args = parser.parse_args()
+    if args.sessions < 1 or args.rounds % args.sessions:
+        parser.error("--sessions: a positive divisor of --rounds")
+    args.rounds_per_session = args.rounds // args.sessions
+
+    admin_key = "depth0-cost-admin-key-0123456789"
+    spec = PAIRS[args.pair]()
+    limits = ["--max-total-tokens", "16384", "--admin-api-key", admin_key]
+    plain = spec[:2] + limits  # the target alone
+    adaptive = spec + limits + ["--nanospec-adaptive", *args.adaptive_flags]
+    print(" ".join(["adaptive:", *adaptive]), flush=True)
+    ratios: dict[int, list[float]] = {b: [] for b in args.batch_sizes}
+    for session in range(args.sessions):
+        logs = Path(tempfile.mkdtemp(prefix=f"depth0-cost-{session}-"))
+        servers = {"plain": (plain, logs / "plain.log"), "depth0": (adaptive, logs / "a.log")}
+        if session % 2:  # the server started second may land differently in memory
+            servers = dict(reversed(servers.items()))
+        print(f"session {session}: {' then '.join(servers)}", flush=True)
+        for b, session_ratios_b in session_ratios(servers, args, admin_key).items():
+            ratios[b] += session_ratios_b
+    for b in args.batch_sizes:
+        median, low, high = bootstrap_median(ratios[b])
+        print(
+            f"b={b:2d}: depth-0 / plain median {median:.3f} over {len(ratios[b])} rounds "
+            f"({args.sessions} server pairs), 95% interval [{low:.3f}, {high:.3f}]",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
