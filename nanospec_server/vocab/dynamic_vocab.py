@@ -162,14 +162,17 @@ class DynamicVocab:
         return them, in queue order; None if it held none."""
         if not self._queued:
             return None
-        queued_slots, ids, valid = _merged(self._queued)
-        take = torch.ones_like(queued_slots, dtype=torch.bool)
-        if slots is not None:
-            take = torch.isin(queued_slots, slots.to(self.device))
+        queued = _merged(self._queued)
+        if slots is None:  # all of it, as it is: no mask to copy through
+            self._queued = []
+            return queued
+        queued_slots, ids, valid = queued
+        take = torch.isin(queued_slots, slots.to(self.device))
+        if not bool(take.any()):
+            self._queued = [queued]  # merged once, kept so
+            return None
         rest = ~take
         self._queued = [(queued_slots[rest], ids[rest], valid[rest])] if bool(rest.any()) else []
-        if not bool(take.any()):
-            return None
         return queued_slots[take], ids[take], valid[take]
 
     def _append_args(
