@@ -9,9 +9,10 @@ per request per step on both servers), median over requests and steps. Per batch
 the median ratio over rounds and its bootstrap 95% interval. ``--sessions N`` splits the
 rounds among N pairs of freshly started servers (the start order alternating by pair), so
 that the interval holds the draw of the server processes too: one pair's rounds share
-one draw, which on a 2-core host moves a server's step time by several percent. The adaptive server's own
-`/stats/vocab` step timings (``adaptive.recent_steps``) and the path its steps took are
-printed beside it. Each server runs in the dtype `nanospec serve` picks on the host.
+one draw, which on a 2-core host moves a server's step time by several percent. The
+adaptive server's own `/stats/vocab` step timings (``adaptive.recent_steps``) and the
+path its steps took are printed beside it. Each server runs in the dtype `nanospec serve`
+picks on the host.
 
     python benchmarks/depth0_cost.py --pair default --rounds 10   # 1.5B + STANDALONE 0.5B
     python benchmarks/depth0_cost.py --pair eagle --rounds 10     # 0.5B + its EAGLE head
@@ -96,17 +97,20 @@ def path_counts(stats: dict, b: int) -> str:
 
 
 def session_ratios(
-    servers: dict[str, tuple[list[str], Path]], args: argparse.Namespace, admin_key: str
+    servers: dict[str, tuple[list[str], Path]],
+    args: argparse.Namespace,
+    rounds: int,
+    admin_key: str,
 ) -> dict[int, list[float]]:
     """One pair of fresh servers: per batch size, the depth-0 / plain ratio of each of
-    its rounds (``args.rounds_per_session`` of them)."""
+    its ``rounds`` rounds."""
     ratios: dict[int, list[float]] = {b: [] for b in args.batch_sizes}
     with running_servers(servers, one_at_a_time=True) as urls:
         set_settings(urls["depth0"], admin_key, {"adaptive_depth": 0})
         texts = prompts(max(args.batch_sizes))
         print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
         for b in args.batch_sizes:
-            for round_ in range(args.rounds_per_session):
+            for round_ in range(rounds):
                 order = ["plain", "depth0"] if round_ % 2 == 0 else ["depth0", "plain"]
                 ms = {
                     name: batch_step_ms(urls[name], texts[:b], args.max_new_tokens)
@@ -143,7 +147,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.sessions < 1 or args.rounds % args.sessions:
         parser.error("--sessions: a positive divisor of --rounds")
-    args.rounds_per_session = args.rounds // args.sessions
+    rounds = args.rounds // args.sessions  # per pair of servers
 
     admin_key = "depth0-cost-admin-key-0123456789"
     spec = PAIRS[args.pair]()
@@ -158,7 +162,7 @@ def main() -> None:
         if session % 2:  # the server started second may land differently in memory
             servers = dict(reversed(servers.items()))
         print(f"session {session}: {' then '.join(servers)}", flush=True)
-        for b, session_ratios_b in session_ratios(servers, args, admin_key).items():
+        for b, session_ratios_b in session_ratios(servers, args, rounds, admin_key).items():
             ratios[b] += session_ratios_b
     for b in args.batch_sizes:
         median, low, high = bootstrap_median(ratios[b])
